@@ -1,0 +1,601 @@
+"""The attention-layer contract shared by every mechanism of keras_longattn."""
+
+import dataclasses
+import numbers
+
+import keras
+from keras import ops
+
+from keras_longattn import ops as la_ops
+
+_MHA_CONFIG_KEYS = (
+    "num_heads",
+    "key_dim",
+    "value_dim",
+    "dropout",
+    "use_bias",
+    "output_shape",
+    "kernel_initializer",
+    "bias_initializer",
+    "kernel_regularizer",
+    "bias_regularizer",
+    "activity_regularizer",
+    "kernel_constraint",
+    "bias_constraint",
+    "seed",
+)
+
+
+@dataclasses.dataclass
+class AttentionContext:
+    """Everything an attention path needs besides the projected tensors.
+
+    Attributes:
+        padding: a :class:`keras_longattn.ops.PaddingMask` (structural).
+        causal: whether query ``i`` may only see keys ``j <= i``.
+        attention_mask: optional dense boolean ``(B, T, S)`` mask.
+        training: the Keras training flag.
+        return_scores: whether dense weights were requested.
+        query_length: T.
+        key_length: S.
+    """
+
+    padding: la_ops.PaddingMask
+    causal: bool
+    attention_mask: object = None
+    training: object = None
+    return_scores: bool = False
+    query_length: object = None
+    key_length: object = None
+
+
+class BaseAttention(keras.layers.Layer):
+    """Base class of every attention layer of keras_longattn.
+
+    Constructor and call follow ``keras.layers.MultiHeadAttention``: the
+    query/key/value/output projections are ``EinsumDense`` layers named,
+    shaped and ordered exactly as MultiHeadAttention's, so the weights of a
+    trained ``MultiHeadAttention`` load into any layer with the same
+    projections (``layer.set_weights(mha.get_weights())`` or
+    :meth:`from_multi_head_attention`). A subclass only decides *which* keys
+    each query sees and *how* it is computed:
+
+    * :meth:`attention_pattern` returns the layer's pattern as an
+      :class:`keras_longattn.ops.AttentionPattern`; the ``"reference"``
+      implementation is dense attention under that pattern's mask (the
+      specification) and always exists;
+    * each efficient implementation ``name`` in :attr:`implementations` is a
+      method ``_attention_<name>(query, key, value, context)`` plus an optional
+      ``_unsupported_<name>(context)`` returning a reason string when it
+      cannot handle a call.
+
+    Masks stay structural: padding masks of shape ``(B, T)`` / ``(B, S)`` and a
+    causal flag. Efficient paths never build a ``(B, T, S)`` tensor. A dense
+    ``attention_mask`` is honoured by the reference path (and by layers whose
+    efficient path can take it, such as ``FullAttention``); other layers
+    refuse it with an error that points to the padding masks.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each attention head for query and key.
+        value_dim: size of each attention head for value. Defaults to
+            ``key_dim``.
+        dropout: dropout rate on the attention weights. Defaults to 0.
+        use_bias: whether the projections use a bias. Defaults to True.
+        output_shape: the size of the output's last axis (int or tuple).
+            Defaults to the query's feature size.
+        kernel_initializer: initializer of the projection kernels. Defaults
+            to ``"glorot_uniform"``.
+        bias_initializer: initializer of the projection biases. Defaults to
+            ``"zeros"``.
+        kernel_regularizer: regularizer of the kernels. Defaults to None.
+        bias_regularizer: regularizer of the biases. Defaults to None.
+        activity_regularizer: regularizer of the output. Defaults to None.
+        kernel_constraint: constraint of the kernels. Defaults to None.
+        bias_constraint: constraint of the biases. Defaults to None.
+        implementation: ``"auto"``, ``"reference"`` or the name of one of the
+            layer's efficient paths (see :attr:`implementations`).
+            ``"auto"`` takes the first efficient path that supports the call.
+            Defaults to ``"auto"``.
+        seed: seed of the attention dropout. Defaults to None.
+        **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``).
+
+    Call arguments:
+        query: ``(B, T, dim)``.
+        value: ``(B, S, dim)``.
+        key: optional ``(B, S, dim)``; defaults to ``value``.
+        query_mask: optional boolean ``(B, T)``; False marks padded queries.
+            Taken from the query's Keras mask when not given.
+        value_mask: optional boolean ``(B, S)``; False marks padded keys.
+            Taken from the value's Keras mask when not given.
+        key_mask: optional boolean ``(B, S)``, combined with ``value_mask``.
+        attention_mask: optional dense boolean ``(B, T, S)`` mask, True where
+            attention is allowed; O(T*S), only where the layer can honour it.
+        return_attention_scores: also return the dense ``(B, H, T, S)``
+            attention weights (computed by the reference path: O(T*S)
+            memory, for inspection and plots).
+        training: whether dropout is active.
+        use_causal_mask: whether query ``i`` may only attend to keys
+            ``j <= i``.
+
+    Returns:
+        ``(B, T, output_dim)``, and the ``(B, H, T, S)`` weights when
+        ``return_attention_scores=True``. Queries that see no key (e.g.
+        every key padded) get a zero attention output before the output
+        projection.
+    """
+
+    #: Names of the layer's efficient implementations, preferred first.
+    implementations = ()
+    #: Whether the efficient paths can honour a dense ``attention_mask``.
+    supports_attention_mask = False
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        implementation="auto",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        self.supports_masking = True
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.key_dim = _positive_int("key_dim", key_dim)
+        self.value_dim = (
+            self.key_dim if value_dim is None else _positive_int("value_dim", value_dim)
+        )
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, numbers.Real)
+            or not 0.0 <= float(dropout) < 1.0
+        ):
+            raise ValueError(
+                f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}"
+            )
+        self.dropout = float(dropout)
+        self.use_bias = bool(use_bias)
+        if output_shape is not None:
+            if isinstance(output_shape, numbers.Integral):
+                output_shape = (int(output_shape),)
+            try:
+                output_shape = tuple(int(d) for d in output_shape)
+            except TypeError:
+                raise ValueError(
+                    "`output_shape` must be an int or a tuple of ints. "
+                    f"Received: output_shape={output_shape!r}"
+                ) from None
+            if not output_shape or any(d < 1 for d in output_shape):
+                raise ValueError(
+                    "`output_shape` must hold positive sizes. "
+                    f"Received: output_shape={output_shape!r}"
+                )
+        self._output_shape = output_shape
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        allowed = ("auto", "reference") + tuple(self.implementations)
+        if implementation not in allowed:
+            raise ValueError(
+                f"`implementation` must be one of {allowed} for "
+                f"{type(self).__name__}. Received: implementation={implementation!r}"
+            )
+        self.implementation = implementation
+        self.seed = seed
+        self._dropout_layer = keras.layers.Dropout(rate=self.dropout, seed=seed)
+        self._inverse_sqrt_key_dim = 1.0 / float(self.key_dim) ** 0.5
+        #: The implementation used by the most recent call (for inspection).
+        self.last_implementation = None
+
+    # ------------------------------------------------------------------ build
+    @property
+    def output_shape(self):
+        return self._output_shape
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        query_shape = tuple(query_shape)
+        value_shape = tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        for name, shape in (
+            ("query", query_shape),
+            ("value", value_shape),
+            ("key", key_shape),
+        ):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3 (batch, sequence, features). "
+                    f"Received: {name}.shape={shape}"
+                )
+            if shape[-1] is None:
+                raise ValueError(
+                    f"The feature size (last axis) of `{name}` must be known. "
+                    f"Received: {name}.shape={shape}"
+                )
+        self._query_shape = query_shape
+        self._value_shape = value_shape
+        self._key_shape = key_shape
+        H = self.num_heads
+        self._query_dense = keras.layers.EinsumDense(
+            "abc,cde->abde",
+            output_shape=(None, H, self.key_dim),
+            bias_axes="de" if self.use_bias else None,
+            name="query",
+            **self._sublayer_kwargs(),
+        )
+        self._query_dense.build(query_shape)
+        self._key_dense = keras.layers.EinsumDense(
+            "abc,cde->abde",
+            output_shape=(None, H, self.key_dim),
+            bias_axes="de" if self.use_bias else None,
+            name="key",
+            **self._sublayer_kwargs(),
+        )
+        self._key_dense.build(key_shape)
+        self._value_dense = keras.layers.EinsumDense(
+            "abc,cde->abde",
+            output_shape=(None, H, self.value_dim),
+            bias_axes="de" if self.use_bias else None,
+            name="value",
+            **self._sublayer_kwargs(),
+        )
+        self._value_dense.build(value_shape)
+        out_dims = self._output_shape or (query_shape[-1],)
+        letters = "efghij"[: len(out_dims)]
+        self._output_dense = keras.layers.EinsumDense(
+            f"abcd,cd{letters}->ab{letters}",
+            output_shape=(None,) + tuple(out_dims),
+            bias_axes=letters if self.use_bias else None,
+            name="attention_output",
+            **self._sublayer_kwargs(),
+        )
+        self._output_dense.build((None, None, H, self.value_dim))
+        self.build_extra(query_shape, value_shape, key_shape)
+        self.built = True
+
+    def build_extra(self, query_shape, value_shape, key_shape):
+        """Hook for subclasses that own more state (centroids, projections)."""
+
+    def _sublayer_kwargs(self):
+        def clone(obj):
+            if obj is None:
+                return None
+            return obj.__class__.from_config(obj.get_config())
+
+        return dict(
+            kernel_initializer=clone(self.kernel_initializer),
+            bias_initializer=clone(self.bias_initializer),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
+            dtype=self.dtype_policy,
+        )
+
+    # ------------------------------------------------------------- patterns
+    def attention_pattern(self, query_length, key_length, causal):
+        """The layer's attention pattern (an ``ops.AttentionPattern``).
+
+        The reference implementation is dense attention under
+        ``pattern.dense_mask(T, S)``. Content-dependent layers override
+        :meth:`_attention_reference` instead.
+        """
+        return la_ops.CausalPattern() if causal else la_ops.FullPattern()
+
+    # -------------------------------------------------------------- dispatch
+    def select_implementation(
+        self,
+        use_causal_mask=False,
+        attention_mask=False,
+        return_attention_scores=False,
+        training=False,
+        query_length=None,
+        key_length=None,
+    ):
+        """Returns the name of the implementation a call with these
+        properties would run (without running anything)."""
+        context = AttentionContext(
+            padding=la_ops.PaddingMask(),
+            causal=bool(use_causal_mask),
+            attention_mask=True if attention_mask is not None and attention_mask is not False else None,
+            training=training,
+            return_scores=bool(return_attention_scores),
+            query_length=query_length,
+            key_length=key_length,
+        )
+        return self._select(context)
+
+    def _select(self, context):
+        if context.return_scores:
+            return "reference"
+        requested = self.implementation
+        if requested == "reference":
+            return "reference"
+        if context.attention_mask is not None and not self.supports_attention_mask:
+            raise ValueError(
+                f"{type(self).__name__} cannot honour a dense `attention_mask` "
+                "without building a (B, T, S) tensor, which its efficient "
+                "paths never do. Pass padding through `query_mask`, "
+                "`value_mask` or `key_mask` (or Keras masks, e.g. "
+                "`Embedding(mask_zero=True)`) and causality through "
+                "`use_causal_mask=True`; or construct the layer with "
+                "implementation='reference' to accept the dense mask at "
+                "O(T*S) cost. Received: attention_mask with shape "
+                f"{getattr(context.attention_mask, 'shape', '(dense)')}"
+            )
+        candidates = self.implementations if requested == "auto" else (requested,)
+        reasons = []
+        for name in candidates:
+            reason = self._unsupported(name, context)
+            if reason is None:
+                return name
+            reasons.append(f"{name}: {reason}")
+        if requested == "auto":
+            return "reference"
+        raise ValueError(
+            f"implementation={requested!r} of {type(self).__name__} cannot "
+            f"run this call ({'; '.join(reasons)}). Use implementation='auto' "
+            "or 'reference'."
+        )
+
+    def _unsupported(self, name, context):
+        check = getattr(self, f"_unsupported_{name}", None)
+        return None if check is None else check(context)
+
+    # ------------------------------------------------------------------ call
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        # Keras fills `query_mask`, `value_mask` and `key_mask` from the
+        # inputs' Keras masks (e.g. `Embedding(mask_zero=True)`) before
+        # `call`, exactly as for MultiHeadAttention.
+        if key is None:
+            key = value
+        self._validate_call(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask
+        )
+        q = self._query_dense(query)  # (B, T, H, d)
+        k = self._key_dense(key)  # (B, S, H, d)
+        v = self._value_dense(value)  # (B, S, H, dv)
+        key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
+        query_padding = None if query_mask is None else ops.cast(query_mask, "bool")
+        context = AttentionContext(
+            padding=la_ops.PaddingMask(query_padding, key_padding),
+            causal=bool(use_causal_mask),
+            attention_mask=attention_mask,
+            training=training,
+            return_scores=bool(return_attention_scores),
+            query_length=query.shape[1],
+            key_length=key.shape[1],
+        )
+        name = self._select(context)
+        self.last_implementation = name
+        if name == "reference":
+            result = self._attention_reference(q, k, v, context)
+        else:
+            result = getattr(self, f"_attention_{name}")(q, k, v, context)
+        if context.return_scores:
+            out, scores = result
+        else:
+            out, scores = result, None
+        out = self._output_dense(out)  # (B, T, output_dim)
+        if return_attention_scores:
+            return out, scores
+        return out
+
+    def _attention_reference(self, query, key, value, context):
+        """Dense attention under the layer's pattern: the specification."""
+        mask = self.reference_mask(context)
+        return la_ops.reference_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            scale=self._inverse_sqrt_key_dim,
+            dropout_fn=self._dropout_fn(context.training),
+            return_scores=context.return_scores,
+        )
+
+    def reference_mask(self, context):
+        """The dense ``(B or 1, T, S)`` boolean mask of a call: the layer's
+        pattern AND key padding AND ``attention_mask``. O(T*S)."""
+        T, S = context.query_length, context.key_length
+        pattern = self.attention_pattern(T, S, context.causal)
+        mask = ops.expand_dims(pattern.dense_mask(T, S), 0)
+        return la_ops.combine_dense_masks(
+            mask,
+            context.padding.dense_mask(T, S),
+            context.attention_mask,
+        )
+
+    def _dropout_fn(self, training):
+        if self.dropout <= 0.0:
+            return None
+        return lambda probs: self._dropout_layer(probs, training=training)
+
+    # ------------------------------------------------------------ validation
+    def _validate_call(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask
+    ):
+        shapes = {}
+        for name, t in (("query", query), ("value", value), ("key", key)):
+            shape = tuple(t.shape)
+            if len(shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3 (batch, sequence, features). "
+                    f"Received: {name}.shape={shape}"
+                )
+            shapes[name] = shape
+        built = {
+            "query": self._query_shape,
+            "value": self._value_shape,
+            "key": self._key_shape,
+        }
+        for name, shape in shapes.items():
+            if shape[-1] != built[name][-1]:
+                raise ValueError(
+                    f"`{name}` has {shape[-1]} features but the layer was built "
+                    f"for {built[name][-1]}. Received: {name}.shape={shape}"
+                )
+        batches = {n: s[0] for n, s in shapes.items() if s[0] is not None}
+        if len(set(batches.values())) > 1:
+            raise ValueError(
+                "`query`, `value` and `key` must have the same batch size. "
+                f"Received: query.shape={shapes['query']}, "
+                f"value.shape={shapes['value']}, key.shape={shapes['key']}"
+            )
+        sv, sk = shapes["value"][1], shapes["key"][1]
+        if sv is not None and sk is not None and sv != sk:
+            raise ValueError(
+                "`key` and `value` must have the same sequence length. "
+                f"Received: value.shape={shapes['value']}, key.shape={shapes['key']}"
+            )
+        B = next(iter(batches.values()), None)
+        T, S = shapes["query"][1], shapes["value"][1]
+        for name, m, expected, legend in (
+            ("query_mask", query_mask, (B, T), "BT"),
+            ("value_mask", value_mask, (B, S), "BS"),
+            ("key_mask", key_mask, (B, S), "BS"),
+            ("attention_mask", attention_mask, (B, T, S), "BTS"),
+        ):
+            if m is None:
+                continue
+            _check_mask(name, m, expected, legend)
+
+    # ---------------------------------------------------------------- shapes
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        query_shape = tuple(query_shape)
+        if self._output_shape:
+            return query_shape[:-1] + tuple(self._output_shape)
+        return query_shape
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        out = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape),
+            dtype=self.compute_dtype,
+        )
+        if return_attention_scores:
+            scores = keras.KerasTensor(
+                (query.shape[0], self.num_heads, query.shape[1], value.shape[1]),
+                dtype=self.compute_dtype,
+            )
+            return out, scores
+        return out
+
+    # ---------------------------------------------------------------- config
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_shape": self._output_shape,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+                "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+                "implementation": self.implementation,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_multi_head_attention(cls, mha, **kwargs):
+        """Builds a layer of this class with the weights of a built
+        ``keras.layers.MultiHeadAttention``.
+
+        Args:
+            mha: a built ``keras.layers.MultiHeadAttention`` (default
+                ``attention_axes``, rank-3 inputs).
+            **kwargs: constructor arguments of this class (e.g. ``window``),
+                which also override the values taken from ``mha``.
+        """
+        if not mha.built:
+            raise ValueError(
+                "`mha` must be built (called once) before its weights can be "
+                f"copied. Received: mha={mha.name!r} (not built)"
+            )
+        config = mha.get_config()
+        args = {k: config[k] for k in _MHA_CONFIG_KEYS if k in config}
+        args.update(kwargs)
+        layer = cls(**args)
+        dims = [
+            mha._query_dense.kernel.shape[0],
+            mha._value_dense.kernel.shape[0],
+            mha._key_dense.kernel.shape[0],
+        ]
+        layer.build(*[(None, None, int(d)) for d in dims])
+        layer.set_weights(mha.get_weights())
+        return layer
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _check_mask(name, mask, expected, legend):
+    shape = tuple(mask.shape)
+    if len(shape) != len(expected) or any(
+        e is not None and s is not None and e != s for s, e in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"`{name}` must have shape {_fmt_shape(expected, legend)}. "
+            f"Received: {name}.shape={shape}"
+        )
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if dtype != "bool" and "int" not in dtype:
+        raise ValueError(
+            f"`{name}` must be boolean (True = attend) or integer 0/1. "
+            f"Received: {name}.dtype={dtype}"
+        )
+
+
+def _fmt_shape(shape, legend):
+    parts = [str(d) if d is not None else l for d, l in zip(shape, legend)]
+    return "(" + ", ".join(parts) + ")"

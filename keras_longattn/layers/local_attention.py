@@ -1,0 +1,139 @@
+"""Exact sliding-window attention computed block by block."""
+
+import numbers
+
+import keras
+
+from keras_longattn import ops as la_ops
+from keras_longattn.layers.base_attention import BaseAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class LocalAttention(BaseAttention):
+    """Sliding-window (local) multi-head attention.
+
+    An exact sliding window, not an approximation by blocks. Causal
+    (``use_causal_mask=True``): query ``i`` attends keys
+    ``i - window + 1 .. i``. Bidirectional: keys within ``window // 2`` on
+    each side. ``look_back`` and ``look_ahead`` set the two extents
+    separately (a causal call always uses ``look_ahead = 0``).
+
+    The ``"blocked"`` path cuts the sequence into blocks of ``block_size``
+    positions and lets each query block look at the neighbouring key blocks
+    that can hold a visible key, masking every pair exactly: O(n * w) time
+    and memory, any sequence length (it pads internally and strips the
+    padding), never a ``(T, S)`` tensor.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value. Defaults to ``key_dim``.
+        window: window length (see above). Defaults to 128.
+        look_back: keys visible before the query. Defaults to
+            ``window - 1`` when causal and ``window // 2`` otherwise.
+        look_ahead: keys visible after the query (bidirectional calls).
+            Defaults to ``window // 2``.
+        block_size: positions per block of the ``"blocked"`` path. Defaults
+            to the larger extent rounded up to a multiple of 8.
+        **kwargs: the other arguments of
+            :class:`keras_longattn.layers.BaseAttention` (those of
+            ``keras.layers.MultiHeadAttention``, and ``implementation``:
+            ``"auto"``, ``"blocked"`` or ``"reference"``).
+
+    Call arguments:
+        As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
+        ``value`` ``(B, S, dim)``, ``key``, ``query_mask`` ``(B, T)``,
+        ``value_mask``/``key_mask`` ``(B, S)``, ``use_causal_mask``,
+        ``return_attention_scores`` (dense ``(B, H, T, S)``, O(n^2)),
+        ``training``. A dense ``attention_mask`` is only accepted with
+        ``implementation="reference"``.
+
+    Returns:
+        ``(B, T, output_dim)`` (and the weights if requested).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_longattn
+    >>> layer = keras_longattn.layers.LocalAttention(
+    ...     num_heads=2, key_dim=8, window=4)
+    >>> x = np.random.rand(1, 10, 16).astype("float32")
+    >>> layer(x, x, use_causal_mask=True).shape
+    (1, 10, 16)
+
+    Reference:
+        Parmar et al., "Image Transformer", ICML 2018; Child et al.,
+        "Generating Long Sequences with Sparse Transformers", 2019.
+    """
+
+    implementations = ("blocked",)
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        *,
+        window=128,
+        look_back=None,
+        look_ahead=None,
+        block_size=None,
+        **kwargs,
+    ):
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
+        if window is None and look_back is None:
+            raise ValueError(
+                "LocalAttention needs `window` or `look_back`. "
+                "Received: window=None, look_back=None"
+            )
+        # Validates every combination now rather than at call time.
+        la_ops.resolve_window(window, look_back, look_ahead, causal=True)
+        la_ops.resolve_window(window, look_back, look_ahead, causal=False)
+        if block_size is not None and (
+            isinstance(block_size, bool)
+            or not isinstance(block_size, numbers.Integral)
+            or block_size < 1
+        ):
+            raise ValueError(
+                "`block_size` must be a positive integer. "
+                f"Received: block_size={block_size!r}"
+            )
+        self.window = window
+        self.look_back = look_back
+        self.look_ahead = look_ahead
+        self.block_size = None if block_size is None else int(block_size)
+
+    def extents(self, causal):
+        """``(look_back, look_ahead)`` of a causal or bidirectional call."""
+        return la_ops.resolve_window(
+            self.window, self.look_back, self.look_ahead, causal
+        )
+
+    def attention_pattern(self, query_length, key_length, causal):
+        return la_ops.LocalPattern(*self.extents(causal))
+
+    def _attention_blocked(self, query, key, value, context):
+        look_back, look_ahead = self.extents(context.causal)
+        return la_ops.local_attention(
+            query,
+            key,
+            value,
+            look_back,
+            look_ahead,
+            block_size=self.block_size,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+            dropout_fn=self._dropout_fn(context.training),
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "window": self.window,
+                "look_back": self.look_back,
+                "look_ahead": self.look_ahead,
+                "block_size": self.block_size,
+            }
+        )
+        return config

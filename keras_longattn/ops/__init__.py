@@ -1,0 +1,25 @@
+"""Pure functions on ``keras.ops``: attention patterns, the dense reference
+attention (the specification) and blocked attention paths.
+
+Shape legend used throughout: B batch, T query length, S key length,
+H heads, d head size.
+"""
+
+from keras_longattn.ops.blocked import blocked_band_attention
+from keras_longattn.ops.blocked import default_block_size
+from keras_longattn.ops.blocked import local_attention
+from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.patterns import AttentionPattern
+from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import FullPattern
+from keras_longattn.ops.patterns import Intersection
+from keras_longattn.ops.patterns import LocalPattern
+from keras_longattn.ops.patterns import PaddingMask
+from keras_longattn.ops.patterns import Union
+from keras_longattn.ops.patterns import causal_pattern
+from keras_longattn.ops.patterns import combine_dense_masks
+from keras_longattn.ops.patterns import local_pattern
+from keras_longattn.ops.patterns import resolve_window
+from keras_longattn.ops.reference import MASKED_LOGIT
+from keras_longattn.ops.reference import masked_softmax
+from keras_longattn.ops.reference import reference_attention

@@ -1,0 +1,189 @@
+"""Blocked attention over a band of key blocks: O(n * w) time and memory.
+
+The sequence is cut into blocks of ``block_size`` positions. Each query block
+attends to the key blocks that can hold a key within ``look_back`` positions
+before or ``look_ahead`` positions after any of its queries; inside those
+blocks the exact pattern predicate masks every (query, key) pair. Blocks are
+how it is computed, not what it means: the result equals the dense reference
+of the same pattern.
+
+Shape legend: B batch, n number of blocks, b block size, C context length
+(keys visible to a block), H heads, d head size.
+"""
+
+import math
+
+from keras import ops
+
+from keras_longattn.ops.patterns import AttentionPattern
+from keras_longattn.ops.patterns import LocalPattern
+from keras_longattn.ops.reference import masked_softmax
+
+
+def default_block_size(look_back, look_ahead, length=None):
+    """Block size used when none is given: the larger extent of the window,
+    rounded up to a multiple of 8, and no larger than the (rounded) length."""
+    b = max(int(look_back), int(look_ahead), 1)
+    b = _round_up(b, 8) if b > 8 else b
+    if length is not None:
+        b = min(b, _round_up(max(int(length), 1), 8))
+    return max(b, 1)
+
+
+def pad_axis(x, axis, new_length, value=0):
+    """Pads ``x`` with ``value`` at the end of ``axis`` up to ``new_length``."""
+    length = x.shape[axis]
+    if length == new_length:
+        return x
+    widths = [[0, 0] for _ in range(len(x.shape))]
+    widths[axis] = [0, new_length - length]
+    return _pad(x, widths, value)
+
+
+def blocked_band_attention(
+    query,
+    key,
+    value,
+    pattern,
+    look_back,
+    look_ahead,
+    block_size=None,
+    key_mask=None,
+    scale=None,
+    dropout_fn=None,
+):
+    """Attention restricted to keys within a band around each query.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        pattern: an :class:`AttentionPattern`; it must not allow any key
+            further than ``look_back`` before or ``look_ahead`` after the
+            query (keys outside the band are never looked at).
+        look_back: band extent before the query, in positions (>= 0).
+        look_ahead: band extent after the query, in positions (>= 0).
+        block_size: positions per block. Defaults to
+            :func:`default_block_size`.
+        key_mask: optional boolean ``(B, S)``; False marks padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(B, T, H, dv)``. Queries with no visible key get zeros.
+    """
+    if not isinstance(pattern, AttentionPattern):
+        raise TypeError(f"`pattern` must be an AttentionPattern. Received: {pattern!r}")
+    T = query.shape[1]
+    S = key.shape[1]
+    if T is None or S is None:
+        raise ValueError(
+            "Blocked attention needs static sequence lengths. "
+            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    H = query.shape[2]
+    d = query.shape[3]
+    dv = value.shape[3]
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    b = block_size or default_block_size(look_back, look_ahead, max(T, S))
+    n = -(-max(T, S) // b)
+    N = n * b
+    nb = -(-int(look_back) // b)  # key blocks before the query block
+    na = -(-int(look_ahead) // b)  # key blocks after the query block
+    span = nb + 1 + na
+
+    query = pad_axis(query, 1, N)
+    key = pad_axis(key, 1, N)
+    value = pad_axis(value, 1, N)
+    valid = ops.arange(N, dtype="int32") < S  # (N,)
+    valid = ops.expand_dims(valid, 0)
+    if key_mask is not None:
+        km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
+        valid = ops.logical_and(valid, km)  # (B or 1, N)
+
+    q = ops.reshape(query, (-1, n, b, H, d))
+    k = _band(ops.reshape(key, (-1, n, b, H, d)), nb, na)  # (B, n, C, H, d)
+    v = _band(ops.reshape(value, (-1, n, b, H, dv)), nb, na)
+    kv_valid = _band(ops.reshape(valid, (-1, n, b)), nb, na, fill=False)  # (B, n, C)
+
+    # Absolute positions of the queries and of the band's keys.
+    q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
+    block_start = ops.arange(n, dtype="int32") * b  # (n,)
+    offsets = ops.arange(span * b, dtype="int32") - nb * b  # (C,)
+    k_pos = block_start[:, None] + offsets[None, :]  # (n, C)
+    allowed = pattern.allowed(q_pos[:, :, None], k_pos[:, None, :])  # (n, b, C)
+    allowed = ops.broadcast_to(allowed, (n, b, span * b))
+    # (B, 1, n, 1, b, C)-shaped mask, laid out as the scores below.
+    mask = ops.logical_and(allowed[None, :, None, :, :], kv_valid[:, :, None, None, :])
+
+    q = ops.multiply(q, ops.cast(scale, q.dtype))
+    # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
+    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, n, H, b, C) x (B, n, C, H, dv) -> (B, n, b, H, dv)
+    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
+    out = ops.reshape(out, (-1, N, H, dv))
+    return out[:, :T]
+
+
+def local_attention(
+    query,
+    key,
+    value,
+    look_back,
+    look_ahead,
+    block_size=None,
+    key_mask=None,
+    scale=None,
+    dropout_fn=None,
+):
+    """Exact sliding-window attention (keys ``i - look_back .. i + look_ahead``)
+    computed block by block in O(n * w) time and memory.
+
+    Arguments as :func:`blocked_band_attention`, whose pattern is
+    ``LocalPattern(look_back, look_ahead)``.
+    """
+    return blocked_band_attention(
+        query,
+        key,
+        value,
+        LocalPattern(look_back, look_ahead),
+        look_back,
+        look_ahead,
+        block_size=block_size,
+        key_mask=key_mask,
+        scale=scale,
+        dropout_fn=dropout_fn,
+    )
+
+
+def _band(x, before, after, fill=0):
+    """Concatenates each block with its ``before`` predecessors and ``after``
+    successors along the position axis.
+
+    ``x``: ``(B, n, b, ...)`` -> ``(B, n, (before + 1 + after) * b, ...)``;
+    blocks outside the sequence are filled with ``fill``.
+    """
+    n = x.shape[1]
+    if before == 0 and after == 0:
+        return x
+    widths = [[0, 0] for _ in range(len(x.shape))]
+    widths[1] = [before, after]
+    padded = _pad(x, widths, fill)
+    parts = [padded[:, j : j + n] for j in range(before + 1 + after)]
+    return ops.concatenate(parts, axis=2)
+
+
+def _pad(x, widths, value):
+    # Some backends cannot pad boolean tensors: pad them as integers.
+    if x.dtype == "bool":
+        x = ops.pad(ops.cast(x, "int32"), widths, constant_values=int(bool(value)))
+        return ops.cast(x, "bool")
+    return ops.pad(x, widths, constant_values=value)
+
+
+def _round_up(x, m):
+    return int(math.ceil(x / m) * m)

@@ -1,0 +1,280 @@
+"""Attention patterns: which key positions a query position may attend to.
+
+A pattern is data, kept apart from the computation. Every pattern is a
+predicate on integer positions, ``allowed(q_pos, k_pos) -> bool``, evaluated
+elementwise on broadcastable integer tensors. The same predicate serves two
+purposes:
+
+* the dense reference builds the full ``(T, S)`` mask from it
+  (:meth:`AttentionPattern.dense_mask`), which is the specification;
+* an efficient path evaluates it only on the (query, key) pairs that its
+  blocks contain, so that it never builds anything of size ``T * S``.
+
+Patterns compose with ``&`` (both allow) and ``|`` (either allows).
+
+Shape legend: B batch, T query length, S key length.
+"""
+
+import numbers
+
+from keras import ops
+
+
+class AttentionPattern:
+    """Base class of attention patterns.
+
+    Subclasses implement :meth:`allowed`. A pattern does not know about
+    padding: padding is per-example data and is handled by
+    :class:`PaddingMask`.
+    """
+
+    #: True when the pattern never lets a query see a later key.
+    is_causal = False
+
+    def allowed(self, q_pos, k_pos):
+        """Elementwise predicate: may query ``q_pos`` attend to key ``k_pos``?
+
+        Args:
+            q_pos: integer tensor of query positions.
+            k_pos: integer tensor of key positions, broadcastable with
+                ``q_pos``.
+
+        Returns:
+            A boolean tensor of the broadcast shape.
+        """
+        raise NotImplementedError
+
+    def dense_mask(self, query_length, key_length):
+        """The pattern as a dense boolean ``(T, S)`` tensor (O(T*S) memory)."""
+        q_pos = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)
+        k_pos = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+        mask = self.allowed(q_pos, k_pos)
+        return ops.broadcast_to(mask, (query_length, key_length))
+
+    def __and__(self, other):
+        return Intersection(self, other)
+
+    def __or__(self, other):
+        return Union(self, other)
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._fields() == other._fields()
+
+    def __hash__(self):
+        return hash((type(self).__name__, tuple(self._fields().items())))
+
+    def _fields(self):
+        return {}
+
+
+class FullPattern(AttentionPattern):
+    """Every query attends to every key."""
+
+    def allowed(self, q_pos, k_pos):
+        return ops.equal(q_pos * 0 + k_pos * 0, 0)
+
+
+class CausalPattern(AttentionPattern):
+    """Query ``i`` attends to keys ``j <= i`` (top-left aligned, as in
+    ``keras.layers.MultiHeadAttention(use_causal_mask=True)``)."""
+
+    is_causal = True
+
+    def allowed(self, q_pos, k_pos):
+        return ops.less_equal(k_pos, q_pos)
+
+
+class LocalPattern(AttentionPattern):
+    """An exact sliding window: query ``i`` attends to keys
+    ``i - look_back <= j <= i + look_ahead``.
+
+    Args:
+        look_back: how many earlier keys are visible (>= 0).
+        look_ahead: how many later keys are visible (>= 0). With
+            ``look_ahead=0`` the pattern is causal.
+    """
+
+    def __init__(self, look_back, look_ahead):
+        look_back = _check_non_negative_int("look_back", look_back)
+        look_ahead = _check_non_negative_int("look_ahead", look_ahead)
+        self.look_back = look_back
+        self.look_ahead = look_ahead
+
+    @property
+    def is_causal(self):
+        return self.look_ahead == 0
+
+    def allowed(self, q_pos, k_pos):
+        offset = k_pos - q_pos
+        return ops.logical_and(
+            ops.greater_equal(offset, -self.look_back),
+            ops.less_equal(offset, self.look_ahead),
+        )
+
+    def _fields(self):
+        return {"look_back": self.look_back, "look_ahead": self.look_ahead}
+
+
+class Intersection(AttentionPattern):
+    """Keys allowed by every one of ``patterns``."""
+
+    def __init__(self, *patterns):
+        flat = []
+        for p in patterns:
+            if not isinstance(p, AttentionPattern):
+                raise TypeError(
+                    "Intersection expects AttentionPattern objects. "
+                    f"Received: {p!r}"
+                )
+            flat.extend(p.patterns if isinstance(p, Intersection) else [p])
+        self.patterns = tuple(flat)
+
+    @property
+    def is_causal(self):
+        return any(p.is_causal for p in self.patterns)
+
+    def allowed(self, q_pos, k_pos):
+        result = self.patterns[0].allowed(q_pos, k_pos)
+        for p in self.patterns[1:]:
+            result = ops.logical_and(result, p.allowed(q_pos, k_pos))
+        return result
+
+    def _fields(self):
+        return {"patterns": self.patterns}
+
+
+class Union(AttentionPattern):
+    """Keys allowed by at least one of ``patterns``."""
+
+    def __init__(self, *patterns):
+        flat = []
+        for p in patterns:
+            if not isinstance(p, AttentionPattern):
+                raise TypeError(
+                    f"Union expects AttentionPattern objects. Received: {p!r}"
+                )
+            flat.extend(p.patterns if isinstance(p, Union) else [p])
+        self.patterns = tuple(flat)
+
+    @property
+    def is_causal(self):
+        return all(p.is_causal for p in self.patterns)
+
+    def allowed(self, q_pos, k_pos):
+        result = self.patterns[0].allowed(q_pos, k_pos)
+        for p in self.patterns[1:]:
+            result = ops.logical_or(result, p.allowed(q_pos, k_pos))
+        return result
+
+    def _fields(self):
+        return {"patterns": self.patterns}
+
+
+class PaddingMask:
+    """Per-example padding of queries and keys, kept structural.
+
+    Args:
+        query_mask: optional boolean ``(B, T)``; False marks a padded query.
+        key_mask: optional boolean ``(B, S)``; False marks a padded key
+            (the AND of the value and key masks of a layer call).
+
+    Padded keys are never attended to. Padded queries still produce an
+    output (whatever their row of the pattern gives), which callers should
+    ignore; rows with no visible key produce zeros.
+    """
+
+    def __init__(self, query_mask=None, key_mask=None):
+        self.query_mask = query_mask
+        self.key_mask = key_mask
+
+    @property
+    def is_empty(self):
+        return self.query_mask is None and self.key_mask is None
+
+    def dense_mask(self, query_length, key_length):
+        """Dense key-visibility mask, broadcastable to ``(B, T, S)``.
+
+        Only the key mask restricts attention; the query mask does not
+        (a padded query's output is simply ignored), so that a padded query
+        has exactly the same output as if it were a real one.
+        """
+        if self.key_mask is None:
+            return None
+        return ops.expand_dims(ops.cast(self.key_mask, "bool"), 1)
+
+    def __repr__(self):
+        q = None if self.query_mask is None else tuple(self.query_mask.shape)
+        k = None if self.key_mask is None else tuple(self.key_mask.shape)
+        return f"PaddingMask(query_mask shape={q}, key_mask shape={k})"
+
+
+def causal_pattern():
+    """Shortcut for :class:`CausalPattern`."""
+    return CausalPattern()
+
+
+def local_pattern(window=None, look_back=None, look_ahead=None, causal=False):
+    """Builds the exact sliding-window pattern of :class:`LocalAttention`.
+
+    Causal: query ``i`` attends keys ``i - window + 1 .. i``. Bidirectional:
+    keys within ``window // 2`` on each side. ``look_back`` and
+    ``look_ahead``, when given, override the values derived from ``window``;
+    ``causal=True`` always forces ``look_ahead = 0``.
+    """
+    look_back, look_ahead = resolve_window(window, look_back, look_ahead, causal)
+    return LocalPattern(look_back, look_ahead)
+
+
+def resolve_window(window, look_back, look_ahead, causal):
+    """Turns ``window`` / ``look_back`` / ``look_ahead`` into the two extents."""
+    if window is not None:
+        window = _check_positive_int("window", window)
+    if look_back is None:
+        if window is None:
+            raise ValueError(
+                "Either `window` or `look_back` must be given. "
+                "Received: window=None, look_back=None"
+            )
+        look_back = window - 1 if causal else window // 2
+    if look_ahead is None:
+        if window is None:
+            look_ahead = 0 if causal else look_back
+        else:
+            look_ahead = 0 if causal else window // 2
+    look_back = _check_non_negative_int("look_back", look_back)
+    look_ahead = _check_non_negative_int("look_ahead", look_ahead)
+    if causal:
+        look_ahead = 0
+    return look_back, look_ahead
+
+
+def combine_dense_masks(*masks):
+    """AND of boolean masks that may be None; None when all are None."""
+    result = None
+    for m in masks:
+        if m is None:
+            continue
+        m = ops.cast(m, "bool")
+        result = m if result is None else ops.logical_and(result, m)
+    return result
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _check_non_negative_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(
+            f"`{name}` must be a non-negative integer. "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)
