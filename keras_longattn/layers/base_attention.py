@@ -8,6 +8,16 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 
+try:  # Keras keeps this helper private; fall back to the attribute.
+    from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
+except ImportError:  # pragma: no cover
+
+    def _set_keras_mask(x, mask):
+        try:
+            x._keras_mask = mask
+        except AttributeError:
+            pass
+
 _MHA_CONFIG_KEYS = (
     "num_heads",
     "key_dim",
@@ -98,6 +108,10 @@ class BaseAttention(keras.layers.Layer):
             ``"auto"`` takes the first efficient path that supports the call.
             Defaults to ``"auto"``.
         seed: seed of the attention dropout. Defaults to None.
+        rotary_max_wavelength: when set, rotary position embeddings
+            (Su et al. 2021) with this maximum wavelength are applied to the
+            projected queries and keys (positions ``0..n-1``). Defaults to
+            None (no positions inside the layer).
         **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``).
 
     Call arguments:
@@ -147,6 +161,7 @@ class BaseAttention(keras.layers.Layer):
         bias_constraint=None,
         implementation="auto",
         seed=None,
+        rotary_max_wavelength=None,
         **kwargs,
     ):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
@@ -196,6 +211,22 @@ class BaseAttention(keras.layers.Layer):
             )
         self.implementation = implementation
         self.seed = seed
+        if rotary_max_wavelength is not None:
+            if (
+                isinstance(rotary_max_wavelength, bool)
+                or not isinstance(rotary_max_wavelength, numbers.Real)
+                or rotary_max_wavelength <= 1
+            ):
+                raise ValueError(
+                    "`rotary_max_wavelength` must be a number > 1 or None. "
+                    f"Received: rotary_max_wavelength={rotary_max_wavelength!r}"
+                )
+            if self.key_dim % 2:
+                raise ValueError(
+                    "Rotary positions need an even `key_dim`. "
+                    f"Received: key_dim={self.key_dim}"
+                )
+        self.rotary_max_wavelength = rotary_max_wavelength
         self._dropout_layer = keras.layers.Dropout(rate=self.dropout, seed=seed)
         self._inverse_sqrt_key_dim = 1.0 / float(self.key_dim) ** 0.5
         #: The implementation used by the most recent call (for inspection).
@@ -374,12 +405,19 @@ class BaseAttention(keras.layers.Layer):
         # `call`, exactly as for MultiHeadAttention.
         if key is None:
             key = value
+        # The masks are consumed here (as MultiHeadAttention does), so that
+        # the projections do not warn about dropping them.
+        for t in (query, value, key):
+            _set_keras_mask(t, None)
         self._validate_call(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
         q = self._query_dense(query)  # (B, T, H, d)
         k = self._key_dense(key)  # (B, S, H, d)
         v = self._value_dense(value)  # (B, S, H, dv)
+        if self.rotary_max_wavelength is not None:
+            q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
+            k = la_ops.apply_rotary(k, self.rotary_max_wavelength)
         key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
         query_padding = None if query_mask is None else ops.cast(query_mask, "bool")
         context = AttentionContext(
@@ -537,6 +575,7 @@ class BaseAttention(keras.layers.Layer):
                 "bias_constraint": keras.constraints.serialize(self.bias_constraint),
                 "implementation": self.implementation,
                 "seed": self.seed,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
             }
         )
         return config

@@ -20,6 +20,7 @@ from keras_longattn.ops.patterns import causal_pattern
 from keras_longattn.ops.patterns import combine_dense_masks
 from keras_longattn.ops.patterns import local_pattern
 from keras_longattn.ops.patterns import resolve_window
+from keras_longattn.ops.rotary import apply_rotary
 from keras_longattn.ops.reference import MASKED_LOGIT
 from keras_longattn.ops.reference import masked_softmax
 from keras_longattn.ops.reference import reference_attention

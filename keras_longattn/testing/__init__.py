@@ -1,0 +1,9 @@
+"""The shared conformance suite that every attention layer runs.
+
+Import it from a pytest module; it needs pytest installed (the ``dev``
+extra).
+"""
+
+from keras_longattn.testing.conformance import AttentionLayerConformance
+from keras_longattn.testing.conformance import rel_error
+from keras_longattn.testing.gradients import input_gradient

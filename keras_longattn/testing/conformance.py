@@ -1,0 +1,418 @@
+"""The conformance suite every attention layer of keras_longattn runs.
+
+Subclass :class:`AttentionLayerConformance` in a pytest module (the subclass
+name must start with ``Test``), set :attr:`layer_cls`, :attr:`init_kwargs`
+and the ``supports_*`` flags, and pytest collects every check below. The
+suite runs on whatever ``KERAS_BACKEND`` is active; the project runs it once
+per backend.
+
+Example::
+
+    from keras_longattn.layers import LocalAttention
+    from keras_longattn.testing import AttentionLayerConformance
+
+    class TestLocalAttention(AttentionLayerConformance):
+        layer_cls = LocalAttention
+        init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6}
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_longattn.testing import gradients
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def rel_error(actual, expected):
+    """max |actual - expected| / max |expected| (0 when both are 0)."""
+    actual = np.asarray(actual, dtype="float64")
+    expected = np.asarray(expected, dtype="float64")
+    scale = max(np.max(np.abs(expected)), 1e-30)
+    return float(np.max(np.abs(actual - expected)) / scale)
+
+
+class AttentionLayerConformance:
+    """Shared checks of the attention-layer contract.
+
+    Flags (class attributes) a subclass sets:
+
+    * ``layer_cls``, ``init_kwargs``: the layer under test (``num_heads`` and
+      ``key_dim`` included).
+    * ``features``: feature size of the inputs. ``batch_size``.
+    * ``supports_causal``, ``supports_bidirectional``: which call modes the
+      reference checks cover.
+    * ``supports_padding``: key/query padding masks.
+    * ``supports_attention_mask``: whether the default (efficient) path
+      accepts a dense ``attention_mask`` (otherwise it must refuse it).
+    * ``supports_mixed_precision``, ``supports_jit``.
+    * ``reference_lengths``: sequence lengths of the reference checks; include
+      one that is not a multiple of the layer's block/window and one >= 2048.
+    * ``long_length_causal_only``: run the lengths >= 1024 causally only.
+    * ``reference_rtol``: relative error allowed against the reference
+      (fp32). Defaults to 1e-5.
+    * ``compare_with_mha``: also compare with ``keras.layers.MultiHeadAttention``
+      on copied weights (FullAttention).
+    * ``deterministic``: the layer's output is a pure function of weights
+      and inputs (content-dependent layers with state may set False).
+    """
+
+    layer_cls = None
+    init_kwargs = {}
+    features = 16
+    batch_size = 2
+    supports_causal = True
+    supports_bidirectional = True
+    supports_padding = True
+    supports_attention_mask = False
+    supports_mixed_precision = True
+    supports_jit = True
+    reference_lengths = (16, 37, 2048)
+    long_length_causal_only = True
+    reference_rtol = 1e-5
+    compare_with_mha = False
+    deterministic = True
+    short_length = 37
+
+    # ----------------------------------------------------------- utilities
+    def make_layer(self, **overrides):
+        kwargs = dict(self.init_kwargs)
+        kwargs.update(overrides)
+        return self.layer_cls(**kwargs)
+
+    def make_inputs(self, length=None, batch_size=None, seed=0):
+        length = length or self.short_length
+        batch_size = batch_size or self.batch_size
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((batch_size, length, self.features)).astype(
+            "float32"
+        )
+
+    def modes(self):
+        result = []
+        if self.supports_causal:
+            result.append(True)
+        if self.supports_bidirectional:
+            result.append(False)
+        return result
+
+    def reference_output(self, layer, query, value, **call_kwargs):
+        """The dense reference of ``layer``'s own pattern on the same weights.
+
+        Content-dependent layers override this (e.g. fix the clusters the
+        layer chose and turn them into a dense mask).
+        """
+        config = layer.get_config()
+        config["implementation"] = "reference"
+        ref = type(layer).from_config(config)
+        ref(query, value)
+        ref.set_weights(layer.get_weights())
+        out = ref(query, value, **call_kwargs)
+        assert ref.last_implementation == "reference"
+        return _np(out)
+
+    def padding_masks(self, length, seed=1):
+        """A key mask with right padding in example 0 and left padding in
+        example 1 (so the first causal rows of example 1 see no key)."""
+        mask = np.ones((self.batch_size, length), dtype=bool)
+        cut = max(1, length // 3)
+        mask[0, length - cut :] = False
+        if self.batch_size > 1:
+            mask[1, :cut] = False
+        return mask
+
+    # ---------------------------------------------------------- shape/config
+    def test_output_shape(self):
+        layer = self.make_layer()
+        x = self.make_inputs()
+        for causal in self.modes():
+            out = layer(x, x, use_causal_mask=causal)
+            assert tuple(out.shape) == x.shape
+        out, scores = layer(x, x, return_attention_scores=True,
+                            use_causal_mask=self.modes()[0])
+        T = x.shape[1]
+        assert tuple(scores.shape) == (x.shape[0], layer.num_heads, T, T)
+        assert np.all(np.isfinite(_np(scores)))
+        # Symbolic (functional) call.
+        inp = keras.Input((T, self.features))
+        sym = self.make_layer()(inp, inp, use_causal_mask=self.modes()[0])
+        assert tuple(sym.shape) == (None, T, self.features)
+
+    def test_output_shape_argument(self):
+        layer = self.make_layer(output_shape=5)
+        x = self.make_inputs()
+        assert tuple(layer(x, x).shape) == x.shape[:2] + (5,)
+
+    def test_config_round_trip(self):
+        layer = self.make_layer()
+        x = self.make_inputs()
+        causal = self.modes()[0]
+        y = _np(layer(x, x, use_causal_mask=causal))
+        config = layer.get_config()
+        clone = type(layer).from_config(config)
+        assert clone.get_config() == config
+        clone(x, x)
+        clone.set_weights(layer.get_weights())
+        np.testing.assert_allclose(
+            _np(clone(x, x, use_causal_mask=causal)), y, rtol=1e-6, atol=1e-6
+        )
+
+    def test_keras_file_round_trip(self, tmp_path):
+        x = self.make_inputs()
+        causal = self.modes()[0]
+        inp = keras.Input(x.shape[1:])
+        out = self.make_layer()(inp, inp, use_causal_mask=causal)
+        model = keras.Model(inp, out)
+        expected = _np(model(x))
+        path = os.path.join(str(tmp_path), "model.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path)
+        np.testing.assert_allclose(_np(loaded(x)), expected, rtol=1e-6, atol=1e-6)
+
+    # -------------------------------------------------------- reference
+    def _reference_cases(self):
+        cases = []
+        for n in self.reference_lengths:
+            for causal in self.modes():
+                if n >= 1024 and self.long_length_causal_only and len(self.modes()) > 1 and not causal:
+                    continue
+                cases.append((n, causal))
+        return cases
+
+    def test_equals_reference(self):
+        for n, causal in self._reference_cases():
+            batch = 1 if n >= 1024 else self.batch_size
+            x = self.make_inputs(n, batch_size=batch, seed=n)
+            layer = self.make_layer()
+            out = _np(layer(x, x, use_causal_mask=causal))
+            assert layer.last_implementation != "reference" or not layer.implementations
+            ref = self.reference_output(layer, x, x, use_causal_mask=causal)
+            err = rel_error(out, ref)
+            assert err <= self.reference_rtol, (
+                f"n={n} causal={causal}: relative error {err:.3g} > "
+                f"{self.reference_rtol}"
+            )
+
+    def test_equals_reference_with_padding(self):
+        if not self.supports_padding:
+            pytest.skip("layer does not support padding")
+        n = self.short_length
+        x = self.make_inputs(n)
+        mask = self.padding_masks(n)
+        for causal in self.modes():
+            layer = self.make_layer()
+            out = _np(layer(x, x, value_mask=mask, query_mask=mask,
+                            use_causal_mask=causal))
+            ref = self.reference_output(layer, x, x, value_mask=mask,
+                                        query_mask=mask, use_causal_mask=causal)
+            # Compare the real (unpadded) queries.
+            err = rel_error(out[mask], ref[mask])
+            assert err <= self.reference_rtol, f"causal={causal}: {err:.3g}"
+            assert np.all(np.isfinite(out))
+
+    # -------------------------------------------------------- causality
+    def test_causality_by_perturbation(self):
+        if not self.supports_causal:
+            pytest.skip("layer has no causal mode")
+        n = self.short_length
+        x = self.make_inputs(n)
+        layer = self.make_layer()
+        y = _np(layer(x, x, use_causal_mask=True))
+        for t in (0, n // 2, n - 2):
+            x2 = x.copy()
+            x2[:, t + 1 :] = np.random.default_rng(t).standard_normal(
+                x2[:, t + 1 :].shape
+            ) * 10
+            y2 = _np(layer(x2, x2, use_causal_mask=True))
+            np.testing.assert_allclose(y2[:, : t + 1], y[:, : t + 1], rtol=1e-6, atol=1e-6)
+            assert not np.allclose(y2[:, t + 1 :], y[:, t + 1 :])
+
+    def test_causality_by_gradient(self):
+        if not self.supports_causal:
+            pytest.skip("layer has no causal mode")
+        n = self.short_length
+        x = self.make_inputs(n, batch_size=1)
+        layer = self.make_layer()
+        layer(x, x)
+        for t in (0, n // 2):
+            def f(inp, t=t):
+                out = layer(inp, inp, use_causal_mask=True)
+                return out[:, t]
+
+            g = gradients.input_gradient(f, x)
+            assert np.all(g[:, t + 1 :] == 0.0), f"gradient leaks from after t={t}"
+            assert np.any(g[:, : t + 1] != 0.0)
+
+    # ---------------------------------------------------------- padding
+    def test_padded_keys_do_not_matter(self):
+        if not self.supports_padding:
+            pytest.skip("layer does not support padding")
+        n = self.short_length
+        x = self.make_inputs(n)
+        mask = self.padding_masks(n)
+        layer = self.make_layer()
+        for causal in self.modes():
+            y = _np(layer(x, x, value_mask=mask, query_mask=mask, use_causal_mask=causal))
+            x2 = np.where(mask[..., None], x, 100.0 * np.ones_like(x)).astype("float32")
+            y2 = _np(layer(x2, x2, value_mask=mask, query_mask=mask, use_causal_mask=causal))
+            np.testing.assert_allclose(y2[mask], y[mask], rtol=1e-5, atol=1e-5)
+            assert np.all(np.isfinite(y2)), "padded queries must give finite output"
+
+    def test_all_padding_row_is_finite(self):
+        if not self.supports_padding:
+            pytest.skip("layer does not support padding")
+        n = self.short_length
+        x = self.make_inputs(n)
+        mask = np.ones((self.batch_size, n), dtype=bool)
+        mask[0] = False
+        layer = self.make_layer()
+        for causal in self.modes():
+            y = _np(layer(x, x, value_mask=mask, use_causal_mask=causal))
+            assert np.all(np.isfinite(y))
+
+            def f(inp, causal=causal):
+                return layer(inp, inp, value_mask=mask, use_causal_mask=causal)
+
+            g = gradients.input_gradient(f, x)
+            assert np.all(np.isfinite(g)), "gradient through an all-padding row"
+
+    def test_keras_implicit_mask(self):
+        if not self.supports_padding:
+            pytest.skip("layer does not support padding")
+        n = self.short_length
+        tokens = np.random.default_rng(0).integers(1, 20, size=(self.batch_size, n))
+        tokens[0, n - n // 3 :] = 0
+        emb = keras.layers.Embedding(20, self.features, mask_zero=True)
+        layer = self.make_layer()
+        e = emb(tokens)
+        causal = self.modes()[0]
+        implicit = _np(layer(e, e, use_causal_mask=causal))
+        explicit = _np(layer(e, e, query_mask=tokens != 0, value_mask=tokens != 0,
+                             use_causal_mask=causal))
+        valid = tokens != 0
+        np.testing.assert_allclose(implicit[valid], explicit[valid], rtol=1e-6, atol=1e-6)
+
+    # -------------------------------------------------- precision and fit
+    @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+    def test_mixed_precision(self, policy):
+        if not self.supports_mixed_precision:
+            pytest.skip("layer does not support mixed precision")
+        n = self.short_length
+        x = self.make_inputs(n)
+        layer = self.make_layer(dtype=policy)
+        mask = self.padding_masks(n) if self.supports_padding else None
+        for causal in self.modes():
+            kwargs = {"use_causal_mask": causal}
+            if mask is not None:
+                kwargs["value_mask"] = mask
+            y = layer(x, x, **kwargs)
+            assert keras.backend.standardize_dtype(y.dtype) == policy.split("_")[1]
+            assert np.all(np.isfinite(_np(keras.ops.cast(y, "float32"))))
+
+    def test_fit_step(self):
+        jit = self.supports_jit and keras.backend.backend() != "torch"
+        n = self.short_length
+        x = self.make_inputs(n, batch_size=4)
+        y = np.roll(x, 1, axis=1)
+        inp = keras.Input(x.shape[1:])
+        h = self.make_layer()(inp, inp, use_causal_mask=self.modes()[0])
+        model = keras.Model(inp, keras.layers.Dense(self.features)(h))
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit)
+        before = [w.copy() for w in model.get_weights()]
+        history = model.fit(x, y, epochs=2, batch_size=2, verbose=0)
+        losses = history.history["loss"]
+        assert all(np.isfinite(losses))
+        after = model.get_weights()
+        assert any(not np.allclose(a, b) for a, b in zip(before, after))
+
+    # ---------------------------------------------------- MHA equivalence
+    def test_matches_multi_head_attention(self):
+        if not self.compare_with_mha:
+            pytest.skip("only for layers equivalent to MultiHeadAttention")
+        kwargs = {k: v for k, v in self.init_kwargs.items() if k in ("num_heads", "key_dim", "value_dim")}
+        mha = keras.layers.MultiHeadAttention(**kwargs)
+        n = self.short_length
+        x = self.make_inputs(n)
+        mha(x, x)
+        layer = self.layer_cls.from_multi_head_attention(mha, **self.init_kwargs)
+        mask = self.padding_masks(n)
+        for causal in (True, False):
+            np.testing.assert_allclose(
+                _np(layer(x, x, use_causal_mask=causal)),
+                _np(mha(x, x, use_causal_mask=causal)),
+                rtol=1e-5, atol=1e-5,
+            )
+            ours = _np(layer(x, x, value_mask=mask, query_mask=mask, use_causal_mask=causal))
+            theirs = _np(mha(x, x, value_mask=mask, query_mask=mask, use_causal_mask=causal))
+            # Compare real queries that see at least one key (MHA gives a
+            # uniform row where nothing is visible; the contract gives 0).
+            visible = mask.copy()
+            if causal:
+                visible &= np.cumsum(mask, axis=1) > 0
+            np.testing.assert_allclose(ours[visible], theirs[visible], rtol=1e-5, atol=1e-5)
+        # The weights of a trained MultiHeadAttention load as they are.
+        clone = self.make_layer()
+        clone(x, x)
+        clone.set_weights(mha.get_weights())
+        np.testing.assert_allclose(_np(clone(x, x)), _np(mha(x, x)), rtol=1e-5, atol=1e-5)
+
+    def test_weights_line_up_with_multi_head_attention(self):
+        layer = self.make_layer()
+        x = self.make_inputs()
+        layer(x, x)
+        kwargs = {k: v for k, v in self.init_kwargs.items() if k in ("num_heads", "key_dim", "value_dim")}
+        mha = keras.layers.MultiHeadAttention(**kwargs)
+        mha(x, x)
+        ours = [w.path.split("/", 1)[1] for w in layer.weights if w.path.split("/")[1] in ("query", "key", "value", "attention_output")]
+        theirs = [w.path.split("/", 1)[1] for w in mha.weights]
+        assert ours[: len(theirs)] == theirs
+        shapes = [tuple(w.shape) for w in layer.weights[: len(theirs)]]
+        assert shapes == [tuple(w.shape) for w in mha.weights]
+
+    # --------------------------------------------------------- bad input
+    def test_bad_inputs(self):
+        layer = self.make_layer()
+        x = self.make_inputs()
+        layer(x, x)
+        with pytest.raises(ValueError, match="query.shape"):
+            layer(x[0], x)
+        with pytest.raises(ValueError, match="batch size"):
+            layer(x, x[:1])
+        with pytest.raises(ValueError, match="features"):
+            layer(x, x[..., :-1])
+        with pytest.raises(ValueError, match=r"value_mask.shape"):
+            layer(x, x, value_mask=np.ones((x.shape[0], x.shape[1] + 1), bool))
+        with pytest.raises(ValueError, match=r"query_mask.dtype"):
+            layer(x, x, query_mask=np.ones(x.shape[:2], "float32"))
+        dense = np.ones((x.shape[0], x.shape[1], x.shape[1]), bool)
+        if self.supports_attention_mask:
+            out = layer(x, x, attention_mask=dense)
+            assert tuple(out.shape) == x.shape
+        else:
+            with pytest.raises(ValueError, match="value_mask"):
+                layer(x, x, attention_mask=dense)
+            ref = self.make_layer(implementation="reference")
+            assert tuple(ref(x, x, attention_mask=dense).shape) == x.shape
+
+    def test_bad_constructor_arguments(self):
+        for name, value in (("num_heads", 0), ("key_dim", -1), ("dropout", 1.5),
+                            ("implementation", "nope")):
+            with pytest.raises(ValueError, match=f"{name}={value!r}".replace("(", r"\(")):
+                self.make_layer(**{name: value})
+
+    def test_implementation_is_inspectable(self):
+        layer = self.make_layer()
+        x = self.make_inputs()
+        causal = self.modes()[0]
+        layer(x, x, use_causal_mask=causal)
+        expected = layer.select_implementation(use_causal_mask=causal)
+        assert layer.last_implementation == expected
+        if layer.implementations:
+            assert expected in layer.implementations
+        layer(x, x, return_attention_scores=True, use_causal_mask=causal)
+        assert layer.last_implementation == "reference"

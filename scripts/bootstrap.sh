@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the project's virtual environment and installs the
+# package with every extra. Sourced by scripts/test.sh and scripts/main.sh.
+# Needs nothing but Python >= 3.10 on the machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${KERAS_LONGATTN_VENV:-$ROOT/.venv}"
+PYTHON_BIN="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtual environment $VENV"
+  "$PYTHON_BIN" -m venv "$VENV"
+fi
+# Reinstall only when the dependency declarations change.
+STAMP="$VENV/.keras-longattn-installed"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
+  echo "[setup] installing keras-longattn[jax,tensorflow,torch,notebooks,docs,dev] (constraints.txt pins torch)"
+  start=$(date +%s)
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "$ROOT/constraints.txt" -e "$ROOT[jax,tensorflow,torch,notebooks,docs,dev]" \
+    2> >(grep -v "^WARNING: Location" >&2)
+  echo "$HASH" > "$STAMP"
+  echo "[setup] installed in $(( $(date +%s) - start ))s"
+fi
+export PATH="$VENV/bin:$PATH"
+export PYTHONHASHSEED=0
+# Quieter logs from the backends.
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

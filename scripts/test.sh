@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite: once per Keras backend, each in its own pytest
+# process, sequentially. Extra arguments go to pytest.
+#   bash scripts/test.sh                 # everything
+#   BACKENDS=jax bash scripts/test.sh -k local
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+t0=$(date +%s)
+source scripts/bootstrap.sh || { echo "[test] set-up failed"; exit 1; }
+echo "[stage] setup: $(( $(date +%s) - t0 ))s"
+
+status=0
+summary=()
+for backend in ${BACKENDS:-jax tensorflow torch}; do
+  s=$(date +%s)
+  echo "[stage] unit tests, KERAS_BACKEND=$backend"
+  KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@"
+  rc=$?
+  if [ $rc -eq 5 ]; then
+    echo "[test] $backend: no tests collected"
+    rc=0
+  fi
+  [ $rc -ne 0 ] && status=1
+  summary+=("unit tests ($backend): rc=$rc, $(( $(date +%s) - s ))s")
+done
+
+if [ -x scripts/extra_stages.sh ] && [ -z "${SKIP_EXTRA_STAGES:-}" ]; then
+  s=$(date +%s)
+  bash scripts/extra_stages.sh
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("notebooks and docs: rc=$rc, $(( $(date +%s) - s ))s")
+fi
+
+echo "[stage] summary"
+for line in "${summary[@]}"; do echo "  $line"; done
+echo "  total: $(( $(date +%s) - t0 ))s"
+exit $status
