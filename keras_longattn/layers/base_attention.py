@@ -367,7 +367,7 @@ class BaseAttention(keras.layers.Layer):
                 "O(T*S) cost. Received: attention_mask with shape "
                 f"{getattr(context.attention_mask, 'shape', '(dense)')}"
             )
-        candidates = self.implementations if requested == "auto" else (requested,)
+        candidates = self.auto_order() if requested == "auto" else (requested,)
         reasons = []
         for name in candidates:
             reason = self._unsupported(name, context)
@@ -381,6 +381,11 @@ class BaseAttention(keras.layers.Layer):
             f"run this call ({'; '.join(reasons)}). Use implementation='auto' "
             "or 'reference'."
         )
+
+    def auto_order(self):
+        """Efficient implementations in the order ``"auto"`` tries them on
+        the active backend. Defaults to :attr:`implementations`."""
+        return tuple(self.implementations)
 
     def _unsupported(self, name, context):
         check = getattr(self, f"_unsupported_{name}", None)

@@ -51,6 +51,7 @@ def blocked_band_attention(
     key_mask=None,
     scale=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Attention restricted to keys within a band around each query.
 
@@ -67,13 +68,20 @@ def blocked_band_attention(
             :func:`default_block_size`.
         key_mask: optional boolean ``(B, S)``; False marks padded keys.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
-        dropout_fn: optional callable applied to the attention weights.
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute each block with ``keras.ops.dot_product_attention``
+            (the backend's fused kernel, e.g. PyTorch's
+            ``scaled_dot_product_attention``) instead of explicit einsums
+            and softmax. Same result; no dropout.
 
     Returns:
         ``(B, T, H, dv)``. Queries with no visible key get zeros.
     """
     if not isinstance(pattern, AttentionPattern):
         raise TypeError(f"`pattern` must be an AttentionPattern. Received: {pattern!r}")
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
     T = query.shape[1]
     S = key.shape[1]
     if T is None or S is None:
@@ -92,6 +100,7 @@ def blocked_band_attention(
     nb = -(-int(look_back) // b)  # key blocks before the query block
     na = -(-int(look_ahead) // b)  # key blocks after the query block
     span = nb + 1 + na
+    C = span * b
 
     query = pad_axis(query, 1, N)
     key = pad_axis(key, 1, N)
@@ -110,23 +119,40 @@ def blocked_band_attention(
     # Absolute positions of the queries and of the band's keys.
     q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
     block_start = ops.arange(n, dtype="int32") * b  # (n,)
-    offsets = ops.arange(span * b, dtype="int32") - nb * b  # (C,)
+    offsets = ops.arange(C, dtype="int32") - nb * b  # (C,)
     k_pos = block_start[:, None] + offsets[None, :]  # (n, C)
     allowed = pattern.allowed(q_pos[:, :, None], k_pos[:, None, :])  # (n, b, C)
-    allowed = ops.broadcast_to(allowed, (n, b, span * b))
-    # (B, 1, n, 1, b, C)-shaped mask, laid out as the scores below.
-    mask = ops.logical_and(allowed[None, :, None, :, :], kv_valid[:, :, None, None, :])
+    allowed = ops.broadcast_to(allowed, (n, b, C))
+    # (B, n, b, C): pattern AND key validity.
+    mask = ops.logical_and(allowed[None], kv_valid[:, :, None, :])
 
-    q = ops.multiply(q, ops.cast(scale, q.dtype))
-    # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
-    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
-    probs = masked_softmax(scores, mask, axis=-1)
-    if dropout_fn is not None:
-        probs = dropout_fn(probs)
-    # (B, n, H, b, C) x (B, n, C, H, dv) -> (B, n, b, H, dv)
-    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
+    if fused:
+        out = _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv)
+    else:
+        q = ops.multiply(q, ops.cast(scale, q.dtype))
+        # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
+        scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
+        probs = masked_softmax(scores, mask[:, :, None], axis=-1)
+        if dropout_fn is not None:
+            probs = dropout_fn(probs)
+        # (B, n, H, b, C) x (B, n, C, H, dv) -> (B, n, b, H, dv)
+        out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
     out = ops.reshape(out, (-1, N, H, dv))
     return out[:, :T]
+
+
+def _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv):
+    """Every block as one item of a batched ``dot_product_attention``."""
+    qf = ops.reshape(q, (-1, b, H, d))  # (B*n, b, H, d)
+    kf = ops.reshape(k, (-1, C, H, d))
+    vf = ops.reshape(v, (-1, C, H, dv))
+    mask = ops.broadcast_to(mask, (ops.shape(q)[0], n, b, C))
+    mf = ops.reshape(mask, (-1, 1, b, C))  # (B*n, 1, b, C)
+    out = ops.dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
+    # Rows with no visible key: the contract is a zero output.
+    visible = ops.any(mf[:, 0], axis=-1)  # (B*n, b)
+    out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
+    return ops.reshape(out, (-1, n, b, H, dv))
 
 
 def local_attention(
@@ -139,6 +165,7 @@ def local_attention(
     key_mask=None,
     scale=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Exact sliding-window attention (keys ``i - look_back .. i + look_ahead``)
     computed block by block in O(n * w) time and memory.
@@ -157,6 +184,7 @@ def local_attention(
         key_mask=key_mask,
         scale=scale,
         dropout_fn=dropout_fn,
+        fused=fused,
     )
 
 

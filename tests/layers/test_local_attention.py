@@ -85,3 +85,24 @@ class TestLocalAttentionRotary(AttentionLayerConformance):
     layer_cls = LocalAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 8, "rotary_max_wavelength": 1000.0}
     reference_lengths = (19,)
+
+
+class TestLocalAttentionFused(AttentionLayerConformance):
+    """The fused block path (keras.ops.dot_product_attention per block)."""
+
+    layer_cls = LocalAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6, "implementation": "blocked_fused"}
+    reference_lengths = (5, 37, 2048)
+
+    def test_bad_constructor_arguments(self):
+        super().test_bad_constructor_arguments()
+
+
+def test_fused_path_refuses_dropout_in_training():
+    x = np.random.default_rng(0).standard_normal((1, 9, 16)).astype("float32")
+    layer = LocalAttention(num_heads=2, key_dim=8, window=4, dropout=0.2, implementation="blocked_fused")
+    with pytest.raises(ValueError, match="dropout"):
+        layer(x, x, training=True)
+    auto = LocalAttention(num_heads=2, key_dim=8, window=4, dropout=0.2)
+    auto(x, x, training=True)
+    assert auto.last_implementation == "blocked"

@@ -1,0 +1,283 @@
+"""Factorized sparse attention of the Sparse Transformer (Child et al. 2019)."""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_longattn import ops as la_ops
+from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.ops import sparse as la_sparse
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class SparseAttention(BaseAttention):
+    """Strided or fixed factorized attention (Sparse Transformer).
+
+    Each query attends through two patterns, A and B, chosen so that any
+    earlier position is reachable in two steps. With ``l`` the block length
+    (stride), ``c`` the summary width, query ``i`` and key ``j``:
+
+    * ``pattern="strided"`` (suits data aligned with the stride, e.g.
+      images): A attends the previous ``l`` positions
+      ``{j : i - l < j <= i}`` (bidirectional: ``|i - j| < l``); B attends
+      every ``l``-th position ``{j : (i - j) mod l == 0}``.
+    * ``pattern="fixed"`` (suits text): A attends the own block
+      ``{j : floor(j / l) == floor(i / l)}``; B attends the summary cells,
+      the last ``c`` positions of every block, ``{j : j mod l in [l-c, l)}``.
+
+    Causal calls (``use_causal_mask=True``) also require ``j <= i`` in both;
+    bidirectional calls drop that condition. The patterns are the objects of
+    :func:`keras_longattn.ops.sparse.head_patterns`; the ``"reference"``
+    implementation is dense attention under them.
+
+    ``combination`` says how the two patterns are used (the paper's three
+    ways):
+
+    * ``"multihead"``: the first ``ceil(H / 2)`` heads use A, the other
+      ``floor(H / 2)`` use B, computed side by side and concatenated before
+      the output projection (with ``num_heads=1`` this is ``"first"``);
+    * ``"merged"``: every head attends to the union of A and B, with one
+      softmax over it in which a key both patterns allow counts once;
+    * ``"first"`` / ``"second"``: every head uses only A / only B. The
+      paper's third way, one pattern per residual block interleaved, is two
+      layers, ``combination="first"`` and ``combination="second"``, in
+      alternating blocks.
+
+    The ``"blocked"`` implementation is block-sparse, with ``keras.ops`` only
+    and never a ``(T, S)`` tensor: A is attention inside blocks of ``l``
+    (with the previous block, and the next one when bidirectional, for
+    strided); strided B is attention within each column of the sequence
+    seen as ``(n / l, l)``; fixed B is every query against the ``c * n / l``
+    summary keys. The merged combination computes both parts with their
+    log-sum-exp and combines them exactly. Cost, n = max(T, S): strided
+    O(n * (l + n / l)), fixed O(n * (l + c * n / l)) time and memory, i.e.
+    O(n * sqrt(n)) with the default ``l ~ sqrt(n)`` (and ``c <= 32``). The
+    sequence is padded internally to a multiple of ``l`` and stripped after.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value. Defaults to ``key_dim``.
+        pattern: ``"strided"`` or ``"fixed"``. Defaults to ``"strided"``.
+        block_length: ``l``, the stride (strided) or block length (fixed).
+            Defaults to ``None``: at each call, the integer nearest to
+            ``sqrt(max(T, S))`` (halves round up), at least 2 and, when
+            ``summary_width`` is given, at least ``summary_width + 1``
+            (:func:`keras_longattn.ops.sparse.default_block_length`). A
+            block length longer than the sequence is allowed: the sequence
+            is then one block (strided A becomes full attention, strided B
+            the position itself), computed on ``l`` padded positions.
+        summary_width: ``c``, summary cells per block, ``1 <= c < l``
+            (``pattern="fixed"`` only). Defaults to ``None``:
+            ``max(1, min(l // 8, 32))``, the paper's ratio
+            (``c = 16`` for ``l = 128``, ``c = 32`` for ``l = 256``).
+        combination: ``"multihead"``, ``"merged"``, ``"first"`` or
+            ``"second"`` (see above). Defaults to ``"multihead"``.
+        remat: recompute the attention in the backward pass instead of
+            storing its weights (gradient checkpointing, ``keras.remat``),
+            trading compute for memory. Cannot be combined with attention
+            ``dropout`` (the recomputation would draw a different dropout
+            mask). Defaults to False.
+        **kwargs: the other arguments of
+            :class:`keras_longattn.layers.BaseAttention` (those of
+            ``keras.layers.MultiHeadAttention``, and ``implementation``:
+            ``"auto"``, ``"blocked"`` or ``"reference"``).
+
+    Call arguments:
+        As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
+        ``value`` ``(B, S, dim)``, ``key``, ``query_mask`` ``(B, T)``,
+        ``value_mask``/``key_mask`` ``(B, S)``, ``use_causal_mask``,
+        ``return_attention_scores`` (dense ``(B, H, T, S)`` per head, from
+        the reference path: O(n^2)), ``training``. A dense
+        ``attention_mask`` is only accepted with
+        ``implementation="reference"``. Positions are absolute, so ``T``
+        and ``S`` may differ.
+
+    Returns:
+        ``(B, T, output_dim)`` (and the weights if requested). Queries that
+        see no key get a zero attention output.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_longattn
+    >>> layer = keras_longattn.layers.SparseAttention(
+    ...     num_heads=2, key_dim=8, pattern="fixed", block_length=4,
+    ...     summary_width=1)
+    >>> x = np.random.rand(1, 10, 16).astype("float32")
+    >>> layer(x, x, use_causal_mask=True).shape
+    (1, 10, 16)
+    >>> layer.last_implementation
+    'blocked'
+
+    Reference:
+        Child, Gray, Radford, Sutskever, "Generating Long Sequences with
+        Sparse Transformers", arXiv:1904.10509, 2019.
+    """
+
+    implementations = ("blocked",)
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        *,
+        pattern="strided",
+        block_length=None,
+        summary_width=None,
+        combination="multihead",
+        remat=False,
+        **kwargs,
+    ):
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
+        la_sparse.check_sparse_pattern(pattern)
+        la_sparse.check_sparse_combination(combination)
+        block_length = _optional_positive_int("block_length", block_length)
+        summary_width = _optional_positive_int("summary_width", summary_width)
+        if summary_width is not None and pattern != "fixed":
+            raise ValueError(
+                "`summary_width` only applies to pattern='fixed'. "
+                f"Received: pattern={pattern!r}, summary_width={summary_width!r}"
+            )
+        if pattern == "fixed" and block_length is not None:
+            c = (
+                la_sparse.default_summary_width(block_length)
+                if summary_width is None
+                else summary_width
+            )
+            if c >= block_length:
+                given = "" if summary_width is not None else " (the default)"
+                raise ValueError(
+                    "`summary_width` must be smaller than `block_length` (the "
+                    "summary cells are the last `summary_width` cells of each "
+                    f"block; pattern='fixed' needs block_length >= 2). Received: "
+                    f"summary_width={c}{given}, block_length={block_length}"
+                )
+        if not isinstance(remat, bool):
+            raise ValueError(f"`remat` must be a bool. Received: remat={remat!r}")
+        if remat and self.dropout > 0.0:
+            raise ValueError(
+                "`remat=True` cannot be combined with attention `dropout`: the "
+                "recomputation in the backward pass would draw another dropout "
+                f"mask. Received: remat=True, dropout={self.dropout}"
+            )
+        self.pattern = pattern
+        self.block_length = block_length
+        self.summary_width = summary_width
+        self.combination = combination
+        self.remat = remat
+
+    # ------------------------------------------------------------- patterns
+    def resolve_block_length(self, length):
+        """``l`` of a call whose longer sequence has ``length`` positions."""
+        if self.block_length is not None:
+            return self.block_length
+        return la_sparse.default_block_length(length, self.summary_width)
+
+    def resolve_summary_width(self, block_length):
+        """``c`` of a call with block length ``block_length`` (None for
+        strided)."""
+        if self.pattern != "fixed":
+            return None
+        if self.summary_width is not None:
+            return self.summary_width
+        return la_sparse.default_summary_width(block_length)
+
+    def head_patterns(self, query_length, key_length, causal):
+        """The pattern of each head of a call, a tuple of ``num_heads``
+        ``ops.AttentionPattern`` objects."""
+        l = self.resolve_block_length(max(query_length, key_length))
+        return la_sparse.head_patterns(
+            self.pattern,
+            l,
+            self.resolve_summary_width(l),
+            self.combination,
+            self.num_heads,
+            causal,
+        )
+
+    def attention_pattern(self, query_length, key_length, causal):
+        """The keys any head sees: for ``"multihead"`` the union of A and B
+        (each head sees one of them, see :meth:`head_patterns`)."""
+        patterns = self.head_patterns(query_length, key_length, causal)
+        distinct = []
+        for p in patterns:
+            if p not in distinct:
+                distinct.append(p)
+        return distinct[0] if len(distinct) == 1 else la_ops.Union(*distinct)
+
+    def reference_mask(self, context):
+        T, S = context.query_length, context.key_length
+        patterns = self.head_patterns(T, S, context.causal)
+        if all(p == patterns[0] for p in patterns):
+            return super().reference_mask(context)
+        masks = {}
+        for p in patterns:
+            if p not in masks:
+                masks[p] = p.dense_mask(T, S)
+        mask = ops.stack([masks[p] for p in patterns])[None]  # (1, H, T, S)
+        padding = context.padding.dense_mask(T, S)  # (B, 1, S) or None
+        if padding is not None:
+            padding = ops.expand_dims(padding, 1)  # (B, 1, 1, S)
+        dense = context.attention_mask
+        if dense is not None:
+            dense = ops.expand_dims(ops.cast(dense, "bool"), 1)  # (B, 1, T, S)
+        return la_ops.combine_dense_masks(mask, padding, dense)
+
+    # ---------------------------------------------------------- computation
+    def _unsupported_blocked(self, context):
+        if context.query_length is None or context.key_length is None:
+            return "needs static sequence lengths"
+        return None
+
+    def _attention_blocked(self, query, key, value, context):
+        T, S = context.query_length, context.key_length
+        l = self.resolve_block_length(max(T, S))
+        c = self.resolve_summary_width(l)
+        key_mask = context.padding.key_mask
+        dropout_fn = self._dropout_fn(context.training)
+        scale = self._inverse_sqrt_key_dim
+
+        def attend(q, k, v):
+            return la_sparse.sparse_attention(
+                q,
+                k,
+                v,
+                pattern=self.pattern,
+                block_length=l,
+                summary_width=c,
+                combination=self.combination,
+                causal=context.causal,
+                key_mask=key_mask,
+                scale=scale,
+                dropout_fn=dropout_fn,
+            )
+
+        if self.remat:
+            attend = keras.remat(attend)
+        return attend(query, key, value)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "pattern": self.pattern,
+                "block_length": self.block_length,
+                "summary_width": self.summary_width,
+                "combination": self.combination,
+                "remat": self.remat,
+            }
+        )
+        return config
+
+
+def _optional_positive_int(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer or None. Received: {name}={value!r}"
+        )
+    return int(value)
