@@ -1,0 +1,46 @@
+"""Benchmarks of the attention layers: time and peak memory per configuration.
+
+Every (backend, layer, length, mode) configuration runs in a fresh subprocess
+(:mod:`keras_longattn.benchmarks.worker`) under a timeout and a memory guard;
+the runner reports medians of several timed calls, the peak memory, and
+ratios against :class:`~keras_longattn.layers.FullAttention` on the same
+backend in the same run, as a table and as JSON and CSV files.
+
+Command line::
+
+    keras-longattn bench --layers full,local --lengths 4096,16384 --backends jax,torch
+    python -m keras_longattn.benchmarks --layers full,local --lengths 4096
+
+From Python::
+
+    from keras_longattn.benchmarks import run_benchmark
+    rows = run_benchmark(layers=["full", "local"], lengths=[1024, 4096],
+                         backends=["jax"], modes=["fwdbwd"])
+
+A new layer joins the benchmark with one registry entry
+(:func:`register`).
+
+This package imports no backend; only the worker subprocess does.
+"""
+
+from .config import BACKENDS, MODES, BenchmarkArgumentError, BenchmarkConfig
+from .registry import LayerUnavailableError, available_layers, register, unregister
+from .report import compute_ratios, format_table, print_table, write_reports
+from .runner import BenchmarkResults, run_benchmark
+
+__all__ = [
+    "BACKENDS",
+    "MODES",
+    "BenchmarkArgumentError",
+    "BenchmarkConfig",
+    "BenchmarkResults",
+    "LayerUnavailableError",
+    "available_layers",
+    "compute_ratios",
+    "format_table",
+    "print_table",
+    "register",
+    "run_benchmark",
+    "unregister",
+    "write_reports",
+]

@@ -1,0 +1,210 @@
+"""The ``bench`` command line, shared by ``keras-longattn bench`` and
+``python -m keras_longattn.benchmarks``.
+
+Exit status: 0 when every configuration ran or ended in ``oom``, ``timeout``
+or ``skipped`` (those are results), 1 when one ended in ``error``, 2 for
+invalid arguments, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import registry
+from .config import (
+    MODES,
+    BenchmarkArgumentError,
+    default_backend,
+    parse_backends,
+    parse_layers,
+    parse_lengths,
+    parse_modes,
+    parse_option,
+)
+from .progress import make_progress
+from .report import print_table
+from .runner import DEFAULT_OUTPUT_DIR, run_benchmark
+
+__all__ = ["add_arguments", "run_from_args", "build_parser", "main"]
+
+EPILOG = """\
+Every configuration runs in a fresh subprocess. Reported: the median of the
+timed calls, the peak memory (increase of the worker's peak RSS over the RSS
+after the inputs and the layer are built; device allocator peak on GPUs), and
+ratios against the baseline layer on the same backend, length and mode:
+speed-up = baseline time / layer time, memory ratio = layer peak / baseline
+peak. A layer that runs out of memory or time at length n is skipped at longer
+lengths. Results go to OUTPUT_DIR/bench-<time>.json/.csv and latest.json/.csv.
+
+example:
+  keras-longattn bench --layers full,local --lengths 4096,16384 \\
+      --backends jax,torch --window 256 --modes fwdbwd
+"""
+
+
+def _argument_type(parse, flag: str):
+    """Wrap a ``config`` parser as an argparse ``type`` with a clear message."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except BenchmarkArgumentError as exc:
+            raise argparse.ArgumentTypeError(exc.detail) from None
+
+    convert.__name__ = flag.lstrip("-")
+    return convert
+
+
+def _int_at_least(minimum: int):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    convert.__name__ = "integer"
+    return convert
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``bench`` options to ``parser`` and return it."""
+    known = ", ".join(registry.available_layers())
+    what = parser.add_argument_group("what to measure")
+    what.add_argument("--layers", type=_argument_type(parse_layers, "--layers"),
+                      default=["full", "local"], metavar="NAMES",
+                      help=f"comma-separated layer names (known: {known}); default full,local")
+    what.add_argument("--lengths", type=_argument_type(parse_lengths, "--lengths"),
+                      default=[1024, 4096], metavar="N,N",
+                      help="comma-separated sequence lengths ('16k' = 16384); default 1024,4096")
+    what.add_argument("--backends", type=_argument_type(parse_backends, "--backends"),
+                      default=None, metavar="NAMES",
+                      help="comma-separated among jax, tensorflow, torch; default "
+                           f"$KERAS_BACKEND or jax (now: {default_backend()})")
+    what.add_argument("--modes", type=_argument_type(parse_modes, "--modes"),
+                      default=list(MODES), metavar="MODES",
+                      help="fwd (forward) and/or fwdbwd (forward+backward); default both")
+    what.add_argument("--batch", type=_int_at_least(1), default=1, help="batch size B (1)")
+    what.add_argument("--heads", type=_int_at_least(1), default=4, help="number of heads H (4)")
+    what.add_argument("--head-dim", type=_int_at_least(1), default=64,
+                      help="size d of each head (64); inputs are (B, n, H*d)")
+    what.add_argument("--window", type=_int_at_least(1), default=256,
+                      help="window of the layers that take one, e.g. local (256)")
+    what.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                      help="causal attention (default: causal)")
+    what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                      type=_argument_type(parse_option, "--option"),
+                      help="layer constructor option, repeatable; NAME applies to every "
+                           "layer accepting it, LAYER.NAME to one layer "
+                           "(e.g. local.block_size=128)")
+    what.add_argument("--baseline", default="full", metavar="NAME",
+                      help="layer the ratios compare with, added when not in --layers (full)")
+    what.add_argument("--no-baseline", dest="baseline", action="store_const", const=None,
+                      help="no baseline layer and no ratio columns")
+
+    how = parser.add_argument_group("how to measure")
+    how.add_argument("--repeats", type=_int_at_least(1), default=5,
+                     help="timed calls per configuration; the median is reported (5)")
+    how.add_argument("--warmup", type=_int_at_least(0), default=1,
+                     help="untimed calls first; the first one compiles (1)")
+    how.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS",
+                     help="wall-clock limit per configuration (600)")
+    how.add_argument("--memory-limit-gb", type=_positive_float, default=16.0, metavar="GIB",
+                     help="kill a worker whose RSS exceeds this: status oom (16)")
+    how.add_argument("--tf-jit", action=argparse.BooleanOptionalAction, default=True,
+                     help="XLA-compile the TensorFlow tf.function (default: on)")
+    how.add_argument("--seed", type=_int_at_least(0), default=0, help="random seed (0)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, metavar="DIR",
+                     help=f"where the JSON and CSV reports go ({DEFAULT_OUTPUT_DIR})")
+    out.add_argument("--quiet", action="store_true", help="no progress display")
+    out.add_argument("--plain", action="store_true",
+                     help="plain text output even when rich is installed")
+    out.add_argument("--list-layers", action="store_true",
+                     help="list the registered layers and exit")
+    return parser
+
+
+def _list_layers() -> int:
+    for name in registry.available_layers():
+        entry = registry.get_entry(name)
+        print(f"{name:<10} {entry.description or entry.factory}")
+    return 0
+
+
+def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run the ``bench`` command from parsed arguments; returns the exit status."""
+    if args.list_layers:
+        return _list_layers()
+    use_rich = False if args.plain else None
+    try:
+        results = run_benchmark(
+            layers=args.layers,
+            lengths=args.lengths,
+            backends=args.backends,
+            modes=args.modes,
+            batch=args.batch,
+            num_heads=args.heads,
+            head_dim=args.head_dim,
+            window=args.window,
+            causal=args.causal,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            timeout=args.timeout,
+            memory_limit_gb=args.memory_limit_gb,
+            options=dict(args.option),
+            tf_jit=args.tf_jit,
+            baseline=args.baseline,
+            seed=args.seed,
+            output_dir=args.output_dir,
+            progress=make_progress(not args.quiet, use_rich=use_rich),
+        )
+    except BenchmarkArgumentError as exc:
+        if parser is not None:
+            parser.error(f"argument {exc.flag}: {exc.detail}")
+        print(f"error: argument {exc.flag}: {exc.detail}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as interrupt:
+        partial = getattr(interrupt, "results", None)
+        if partial is not None:
+            print_table(partial, file=sys.stdout, use_rich=use_rich)
+        print("interrupted", file=sys.stderr)
+        return 130
+    print_table(results, file=sys.stdout, use_rich=use_rich)
+    for key in ("json", "csv"):
+        if key in results.paths:
+            print(f"{key.upper()}: {results.paths[key]}", file=sys.stderr)
+    return 1 if any(row.get("status") == "error" for row in results) else 0
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """A standalone parser for ``python -m keras_longattn.benchmarks``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Benchmark keras_longattn attention layers: time and peak memory.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return add_arguments(parser)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m keras_longattn.benchmarks") -> int:
+    """Entry point of ``python -m keras_longattn.benchmarks``."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    return run_from_args(args, parser)

@@ -1,0 +1,67 @@
+"""The ``keras-longattn`` command line.
+
+Subcommands:
+
+* ``bench``: time and peak memory of attention layers
+  (:mod:`keras_longattn.benchmarks`).
+
+A subcommand is one ``add_<name>_command(subparsers)`` function, listed in
+:data:`SUBCOMMANDS`, that adds its parser and sets the defaults ``handler`` (a
+callable ``(args, parser) -> int`` returning the exit status) and
+``command_parser`` (its parser, for ``parser.error``). Heavy imports belong inside the handler, so that
+``keras-longattn --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+__all__ = ["SUBCOMMANDS", "add_bench_command", "build_parser", "main"]
+
+
+def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``keras-longattn bench``: see :mod:`keras_longattn.benchmarks.command`."""
+    from keras_longattn.benchmarks import command
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="time and peak memory of attention layers (one subprocess per configuration)",
+        description="Benchmark keras_longattn attention layers: time and peak memory.",
+        epilog=command.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_arguments(parser)
+    parser.set_defaults(handler=command.run_from_args, command_parser=parser)
+    return parser
+
+
+#: Functions adding one subcommand each, in the order ``--help`` lists them.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
+    add_bench_command,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``keras-longattn`` parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="keras-longattn",
+        description="Long-sequence attention layers for Keras 3: command-line tools.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``keras-longattn``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args, args.command_parser) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
