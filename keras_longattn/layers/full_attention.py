@@ -36,7 +36,7 @@ class FullAttention(BaseAttention):
     >>> import keras_longattn
     >>> layer = keras_longattn.layers.FullAttention(num_heads=2, key_dim=8)
     >>> x = np.random.rand(2, 16, 32).astype("float32")
-    >>> layer(x, x, use_causal_mask=True).shape
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 16, 32)
 
     Reference:

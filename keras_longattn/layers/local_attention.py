@@ -59,7 +59,7 @@ class LocalAttention(BaseAttention):
     >>> layer = keras_longattn.layers.LocalAttention(
     ...     num_heads=2, key_dim=8, window=4)
     >>> x = np.random.rand(1, 10, 16).astype("float32")
-    >>> layer(x, x, use_causal_mask=True).shape
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (1, 10, 16)
 
     Reference:

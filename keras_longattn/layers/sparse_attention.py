@@ -227,11 +227,6 @@ class SparseAttention(BaseAttention):
         return la_ops.combine_dense_masks(mask, padding, dense)
 
     # ---------------------------------------------------------- computation
-    def _unsupported_blocked(self, context):
-        if context.query_length is None or context.key_length is None:
-            return "needs static sequence lengths"
-        return None
-
     def _attention_blocked(self, query, key, value, context):
         T, S = context.query_length, context.key_length
         l = self.resolve_block_length(max(T, S))

@@ -1,0 +1,646 @@
+"""Routing attention (Routing Transformer, Roy et al. 2021): content-based
+sparse attention inside k-means clusters, with optional local heads."""
+
+import dataclasses
+import math
+import numbers
+
+import keras
+from keras import ops
+
+from keras_longattn import ops as la_ops
+from keras_longattn.layers.base_attention import AttentionContext
+from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.ops import routing as routing_ops
+
+_CAUSAL_ROUTINGS = ("token", "balanced")
+
+
+@dataclasses.dataclass
+class _Routing:
+    """Routing decisions of one call (routing heads only)."""
+
+    mode: str  # "balanced" or "token"
+    keys: object  # keys used by the attention (normalised queries if shared)
+    query_clusters: object  # (B, Hr, T) nearest centroid, k = padding
+    key_clusters: object  # (B, Hr, S)
+    query_indices: object = None  # (B, Hr, k, wq) balanced members
+    key_indices: object = None  # (B, Hr, k, wk)
+    window: int = None  # members per cluster (balanced) or per chunk (token)
+
+
+class _Centroids(keras.layers.Layer):
+    """Holds the non-trainable ``(heads, clusters, key_dim)`` centroids.
+
+    A sub-layer (created after the projections) so that the layer's weights
+    start with exactly MultiHeadAttention's, in its order.
+    """
+
+    def __init__(self, num_heads, num_clusters, dim, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.num_clusters = num_clusters
+        self.dim = dim
+        self.seed = seed
+
+    def build(self, input_shape=None):
+        seed = self.seed
+
+        def unit_normal(shape, dtype=None):
+            x = keras.initializers.RandomNormal(stddev=1.0, seed=seed)(shape, "float32")
+            return ops.cast(routing_ops.l2_normalize(x), dtype or "float32")
+
+        self.centroids = self.add_weight(
+            name="centroids",
+            shape=(self.num_heads, self.num_clusters, self.dim),
+            initializer=unit_normal,
+            trainable=False,
+            autocast=False,
+            dtype="float32",
+        )
+        self.built = True
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class RoutingAttention(BaseAttention):
+    """Routing attention: each query attends to the keys of its k-means
+    cluster (Routing Transformer).
+
+    Queries and keys of the routing heads are projected onto the unit sphere
+    (layer normalisation without scale or bias, then divided by ``sqrt(d)``:
+    the authors' ``layer_norm(x, scaling=False)`` up to a constant) and
+    compared with ``num_clusters`` centroids per head by cosine similarity.
+
+    * **Bidirectional calls** use the authors' balanced routing: every
+      centroid takes its ``window`` most similar queries and its ``window``
+      most similar keys (``window = ceil(n / num_clusters)`` by default), so
+      each cluster is a dense ``window x window`` block. A query taken by
+      several centroids gets the mean of its outputs over the clusters in
+      which it sees a key; a query taken by none gets a zero routing output
+      (its local heads, if any, still see it).
+    * **Causal calls** (``use_causal_mask=True``) by default use *token*
+      routing, which is strictly causal: every query and every key joins its
+      nearest centroid; inside a cluster queries and keys are ordered by
+      position and cut into chunks of ``window`` members, and a query attends
+      to the keys of its own and the previous chunk that are not after it
+      (so the keys it sees are decided by tokens at or before it only).
+      Balanced top-w routing is not causal — whether token ``i`` is taken by
+      a centroid depends on how similar *later* tokens are — and leaks the
+      future into a language model; ``causal_routing="balanced"`` reproduces
+      the authors' training computation anyway (masking inside each cluster
+      by comparing positions).
+
+    Centroids are non-trainable weights, updated in training only
+    (``training=True``, as ``fit`` does) by an exponential moving average
+    of the normalised queries and keys assigned to them (nearest centroid,
+    queries and keys pooled), the way ``BatchNormalization`` updates its
+    moving statistics: ``mu <- ema_decay * mu + (1 - ema_decay) * mean``.
+    Padded tokens never move a centroid, a centroid with no token in the
+    batch stays where it is, and no gradient reaches the centroids. With
+    ``commitment_weight > 0`` the commitment loss
+    ``mean ||x_hat - stop_gradient(mu_hat)||^2`` over real tokens is added
+    with ``add_loss`` (the authors used 1e-4).
+
+    The first ``local_heads`` heads do exact sliding-window attention over
+    ``local_window`` positions (as :class:`LocalAttention`); the others
+    route. The paper mixes both kinds of heads in its models.
+
+    Cost: O(n * k * d) to route and O(n * w * d) = O(n^2 * d / k) to attend
+    (time and memory), with ``n`` the sequence length, ``k`` the number of
+    clusters, ``w = n / k`` the window; ``k = sqrt(n)`` gives
+    O(n^1.5 * d). Nothing of size ``n^2`` is built (the ``"reference"``
+    path and ``return_attention_scores`` build the dense ``(B, H, T, S)``
+    weights, for inspection).
+
+    Reference path: the same clusters (computed once, from the same
+    centroids) turned into dense ``(T, S)`` masks. For balanced routing,
+    one dense softmax per cluster restricted to its members, averaged over
+    the clusters of each query exactly as the routed path does (averaging
+    is not one softmax over the union); for token routing, one dense mask
+    whose ranks are counted directly. It checks the gathers, scatters,
+    sorting and masking of the routed path independently.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value. Defaults to ``key_dim``.
+        num_clusters: centroids per routing head (k). Centroids are created
+            at build time, so the number is fixed then: when None,
+            ``max(1, round(sqrt(n)))`` of the sequence length ``n`` the layer
+            is built with (which must then be known); the resolved number is
+            what ``get_config`` reports afterwards. Balanced routing needs
+            ``num_clusters <=`` the call's (padded) sequence length.
+        window: members per cluster (balanced) or per chunk (token routing).
+            Defaults to ``ceil(n / num_clusters)`` of each call's length;
+            capped at the length.
+        local_heads: how many heads (the first ones) do local attention,
+            in ``[0, num_heads]``. Defaults to 0.
+        local_window: window of the local heads (causal: keys
+            ``i - local_window + 1 .. i``; bidirectional: ``local_window // 2``
+            on each side). Defaults to the routing window of the call.
+        ema_decay: decay of the centroids' moving average, in ``(0, 1)``.
+            Defaults to 0.999 (the authors' value).
+        commitment_weight: weight of the commitment loss (>= 0). Defaults
+            to 0.
+        shared_qk: routing heads use the unit-normalised queries as keys
+            (the key projection is then unused by them), and a token does not
+            attend to itself unless nothing else is visible. Self-attention
+            only (``T == S``). Defaults to False.
+        causal_routing: ``"token"`` (strictly causal, default) or
+            ``"balanced"`` (the authors' top-w, not strictly causal) for
+            causal calls.
+        **kwargs: the other arguments of
+            :class:`keras_longattn.layers.BaseAttention` (those of
+            ``keras.layers.MultiHeadAttention``, and ``implementation``:
+            ``"auto"``, ``"routed"`` or ``"reference"``).
+
+    Call arguments:
+        As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
+        ``value`` ``(B, S, dim)``, ``key``, ``query_mask`` ``(B, T)``,
+        ``value_mask``/``key_mask`` ``(B, S)``, ``use_causal_mask``,
+        ``return_attention_scores`` (dense ``(B, H, T, S)``, O(n^2)),
+        ``training`` (True moves the centroids). A dense ``attention_mask``
+        is only accepted with ``implementation="reference"``. Padded queries
+        and keys are never routed ahead of real ones and never move a
+        centroid.
+
+    Returns:
+        ``(B, T, output_dim)`` (and the weights if requested).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_longattn
+    >>> layer = keras_longattn.layers.RoutingAttention(
+    ...     num_heads=4, key_dim=8, num_clusters=4, local_heads=2)
+    >>> x = np.random.rand(2, 64, 16).astype("float32")
+    >>> layer(x, x, use_causal_mask=True).shape
+    (2, 64, 16)
+    >>> clusters = layer.compute_clusters(x)
+    >>> tuple(clusters["query_indices"].shape)  # (B, routing heads, k, w)
+    (2, 2, 4, 16)
+
+    Reference:
+        Roy, Saffar, Vaswani and Grangier, "Efficient Content-Based Sparse
+        Attention with Routing Transformers", TACL 2021
+        (arXiv:2003.05997).
+    """
+
+    implementations = ("routed",)
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        *,
+        num_clusters=None,
+        window=None,
+        local_heads=0,
+        local_window=None,
+        ema_decay=0.999,
+        commitment_weight=0.0,
+        shared_qk=False,
+        causal_routing="token",
+        **kwargs,
+    ):
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
+        self.num_clusters = _optional_positive_int("num_clusters", num_clusters)
+        self.window = _optional_positive_int("window", window)
+        if (
+            isinstance(local_heads, bool)
+            or not isinstance(local_heads, numbers.Integral)
+            or not 0 <= local_heads <= self.num_heads
+        ):
+            raise ValueError(
+                f"`local_heads` must be an integer in [0, num_heads={self.num_heads}]. "
+                f"Received: local_heads={local_heads!r}"
+            )
+        self.local_heads = int(local_heads)
+        self.local_window = _optional_positive_int("local_window", local_window)
+        if (
+            isinstance(ema_decay, bool)
+            or not isinstance(ema_decay, numbers.Real)
+            or not 0.0 < float(ema_decay) < 1.0
+        ):
+            raise ValueError(
+                "`ema_decay` must be a float in (0, 1). "
+                f"Received: ema_decay={ema_decay!r}"
+            )
+        self.ema_decay = float(ema_decay)
+        if (
+            isinstance(commitment_weight, bool)
+            or not isinstance(commitment_weight, numbers.Real)
+            or not float(commitment_weight) >= 0.0
+            or math.isinf(float(commitment_weight))
+        ):
+            raise ValueError(
+                "`commitment_weight` must be a finite float >= 0. "
+                f"Received: commitment_weight={commitment_weight!r}"
+            )
+        self.commitment_weight = float(commitment_weight)
+        if not isinstance(shared_qk, bool):
+            raise ValueError(
+                f"`shared_qk` must be a bool. Received: shared_qk={shared_qk!r}"
+            )
+        self.shared_qk = shared_qk
+        if causal_routing not in _CAUSAL_ROUTINGS:
+            raise ValueError(
+                f"`causal_routing` must be one of {_CAUSAL_ROUTINGS}. "
+                f"Received: causal_routing={causal_routing!r}"
+            )
+        self.causal_routing = causal_routing
+        self._centroid_layer = None
+
+    # ------------------------------------------------------------------ build
+    @property
+    def routing_heads(self):
+        """Number of routing heads (``num_heads - local_heads``)."""
+        return self.num_heads - self.local_heads
+
+    @property
+    def centroids(self):
+        """The ``(routing_heads, num_clusters, key_dim)`` centroid variable
+        (None before build or without routing heads)."""
+        return None if self._centroid_layer is None else self._centroid_layer.centroids
+
+    def build_extra(self, query_shape, value_shape, key_shape):
+        if self.routing_heads == 0:
+            return
+        if self.num_clusters is None:
+            n = query_shape[1]
+            if n is None:
+                raise ValueError(
+                    "RoutingAttention creates its centroids at build time and "
+                    "needs `num_clusters` when the sequence length is not known "
+                    "then. Pass num_clusters=... (about sqrt of the sequence "
+                    f"length). Received: num_clusters=None, query.shape={query_shape}"
+                )
+            self.num_clusters = max(1, int(round(math.sqrt(int(n)))))
+        self._centroid_layer = _Centroids(
+            self.routing_heads,
+            self.num_clusters,
+            self.key_dim,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name="centroids",
+        )
+        self._centroid_layer.build()
+
+    # ---------------------------------------------------------------- windows
+    def routing_window(self, length):
+        """Members per cluster (or chunk) for a sequence of ``length``."""
+        if self.window is not None:
+            return max(1, min(self.window, int(length)))
+        k = self.num_clusters or 1
+        return max(1, -(-int(length) // k))
+
+    def _local_extents(self, causal, window):
+        w = self.local_window or window
+        return la_ops.resolve_window(w, None, None, causal)
+
+    # ---------------------------------------------------------------- routing
+    def _route(self, query, key, context, add_losses=True):
+        """Routing decisions for the routing heads; moves the centroids when
+        training. ``query``/``key``: ``(B, T|S, Hr, d)``."""
+        T, S = query.shape[1], key.shape[1]
+        if T is None or S is None:
+            raise ValueError(
+                "RoutingAttention needs static sequence lengths. "
+                f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+            )
+        if self.shared_qk and T != S:
+            raise ValueError(
+                "`shared_qk=True` needs a self-attention call (as many keys "
+                f"as queries). Received: query length {T}, key length {S}"
+            )
+        k = self.num_clusters
+        balanced = not (context.causal and self.causal_routing == "token")
+        if balanced and k > min(T, S):
+            raise ValueError(
+                "Balanced routing needs `num_clusters` <= the (padded) "
+                "sequence length, so that every cluster can take a token. "
+                f"Received: num_clusters={k} for query length {T} and key "
+                f"length {S}"
+            )
+        padding = context.padding
+        q_valid = None if padding.query_mask is None else ops.cast(padding.query_mask, "bool")
+        k_valid = None if padding.key_mask is None else ops.cast(padding.key_mask, "bool")
+        if self.shared_qk:
+            q_valid = la_ops.combine_dense_masks(q_valid, k_valid)
+            k_valid = q_valid
+        centroids = ops.cast(self.centroids, "float32")
+        q_live = routing_ops.sphere_normalize(query)
+        k_live = q_live if self.shared_qk else routing_ops.sphere_normalize(key)
+        q_hat = ops.stop_gradient(q_live)
+        k_hat = ops.stop_gradient(k_live)
+        sim_q = routing_ops.centroid_similarity(q_hat, centroids)
+        sim_k = sim_q if self.shared_qk else routing_ops.centroid_similarity(k_hat, centroids)
+        near_q = routing_ops.nearest_centroid(sim_q, q_valid)
+        near_k = near_q if self.shared_qk else routing_ops.nearest_centroid(sim_k, k_valid)
+
+        if _is_training(context.training):
+            sums, counts = routing_ops.cluster_statistics(q_hat, near_q, k)
+            if not self.shared_qk:
+                k_sums, k_counts = routing_ops.cluster_statistics(k_hat, near_k, k)
+                sums, counts = sums + k_sums, counts + k_counts
+            self.centroids.assign(
+                routing_ops.ema_update(centroids, sums, counts, self.ema_decay)
+            )
+        if add_losses and self.commitment_weight > 0.0:
+            loss = self._commitment_loss(q_live, near_q, centroids, q_valid)
+            if not self.shared_qk:
+                loss = 0.5 * (loss + self._commitment_loss(k_live, near_k, centroids, k_valid))
+            self.add_loss(self.commitment_weight * loss)
+
+        if self.shared_qk:
+            keys = ops.cast(routing_ops.l2_normalize(query), query.dtype)
+        else:
+            keys = key
+        routing = _Routing(
+            mode="balanced" if balanced else "token",
+            keys=keys,
+            query_clusters=near_q,
+            key_clusters=near_k,
+        )
+        if balanced:
+            wq, wk = self.routing_window(T), self.routing_window(S)
+            routing.query_indices = routing_ops.balanced_assignment(sim_q, wq, q_valid)
+            routing.key_indices = (
+                routing.query_indices
+                if self.shared_qk
+                else routing_ops.balanced_assignment(sim_k, wk, k_valid)
+            )
+            routing.window = wq
+        else:
+            routing.window = self.routing_window(max(T, S))
+        return routing
+
+    def _commitment_loss(self, x_live, nearest, centroids, valid):
+        k = self.num_clusters
+        mu = routing_ops.l2_normalize(centroids)  # (Hr, k, d)
+        idx = ops.minimum(nearest, k - 1)  # (B, Hr, n)
+        mu = ops.take_along_axis(
+            ops.expand_dims(mu, 0), ops.expand_dims(idx, -1), axis=2
+        )  # (B, Hr, n, d)
+        x = ops.transpose(x_live, (0, 2, 1, 3))
+        dist = ops.sum(ops.square(x - ops.stop_gradient(mu)), axis=-1)  # (B, Hr, n)
+        weight = ops.cast(ops.less(nearest, k), "float32")
+        return ops.sum(dist * weight) / ops.maximum(ops.sum(weight), 1.0)
+
+    # ------------------------------------------------------------ attention
+    def _split_heads(self, x):
+        h = self.local_heads
+        return x[:, :, :h], x[:, :, h:]
+
+    def _attention_routed(self, query, key, value, context):
+        T, S = query.shape[1], key.shape[1]
+        dropout_fn = self._dropout_fn(context.training)
+        scale = self._inverse_sqrt_key_dim
+        q_loc, q_rt = self._split_heads(query)
+        k_loc, k_rt = self._split_heads(key)
+        v_loc, v_rt = self._split_heads(value)
+        parts = []
+        window = self.routing_window(max(T, S))
+        if self.routing_heads:
+            routing = self._route(q_rt, k_rt, context)
+            window = routing.window
+        if self.local_heads:
+            look_back, look_ahead = self._local_extents(context.causal, window)
+            parts.append(
+                la_ops.local_attention(
+                    q_loc,
+                    k_loc,
+                    v_loc,
+                    look_back,
+                    look_ahead,
+                    key_mask=context.padding.key_mask,
+                    scale=scale,
+                    dropout_fn=dropout_fn,
+                )
+            )
+        if self.routing_heads:
+            if routing.mode == "balanced":
+                out = routing_ops.balanced_cluster_attention(
+                    q_rt,
+                    routing.keys,
+                    v_rt,
+                    routing.query_indices,
+                    routing.key_indices,
+                    causal=context.causal,
+                    key_mask=context.padding.key_mask,
+                    exclude_self=self.shared_qk,
+                    scale=scale,
+                    dropout_fn=dropout_fn,
+                )
+            else:
+                out = routing_ops.clustered_window_attention(
+                    q_rt,
+                    routing.keys,
+                    v_rt,
+                    routing.query_clusters,
+                    routing.key_clusters,
+                    self.num_clusters,
+                    routing.window,
+                    shared=self.shared_qk,
+                    scale=scale,
+                    dropout_fn=dropout_fn,
+                )
+            parts.append(out)
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+    def _attention_reference(self, query, key, value, context):
+        """Dense attention under the same clusters (see the class docstring)."""
+        T, S = query.shape[1], key.shape[1]
+        scale = self._inverse_sqrt_key_dim
+        q_loc, q_rt = self._split_heads(query)
+        k_loc, k_rt = self._split_heads(key)
+        extra = la_ops.combine_dense_masks(
+            context.padding.dense_mask(T, S), context.attention_mask
+        )  # (B, T, S) or None
+        extra = None if extra is None else ops.expand_dims(extra, 1)
+        weights = []
+        window = self.routing_window(max(T, S))
+        if self.routing_heads:
+            routing = self._route(q_rt, k_rt, context)
+            window = routing.window
+        if self.local_heads:
+            look_back, look_ahead = self._local_extents(context.causal, window)
+            pattern = la_ops.LocalPattern(look_back, look_ahead)
+            mask = pattern.dense_mask(T, S)[None, None]
+            mask = routing_ops._and(mask, extra)
+            scores = ops.einsum(
+                "bthd,bshd->bhts", ops.multiply(q_loc, ops.cast(scale, q_loc.dtype)), k_loc
+            )
+            weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
+        if self.routing_heads:
+            keys = routing.keys
+            if routing.mode == "balanced":
+                w = routing_ops.balanced_cluster_weights(
+                    q_rt,
+                    keys,
+                    routing.query_indices,
+                    routing.key_indices,
+                    causal=context.causal,
+                    exclude_self=self.shared_qk,
+                    scale=scale,
+                    extra_mask=extra,
+                )
+            else:
+                mask = routing_ops.clustered_window_mask(
+                    routing.query_clusters,
+                    routing.key_clusters,
+                    self.num_clusters,
+                    routing.window,
+                    shared=self.shared_qk,
+                )
+                mask = routing_ops._and(mask, extra)
+                if self.shared_qk:
+                    eye = ops.equal(
+                        ops.arange(T, dtype="int32")[:, None],
+                        ops.arange(S, dtype="int32")[None, :],
+                    )
+                    mask = routing_ops.exclude_self_unless_alone(mask, eye[None, None])
+                scores = ops.einsum(
+                    "bthd,bshd->bhts", ops.multiply(q_rt, ops.cast(scale, q_rt.dtype)), keys
+                )
+                w = ops.cast(la_ops.masked_softmax(scores, mask), "float32")
+            weights.append(w)
+        weights = weights[0] if len(weights) == 1 else ops.concatenate(weights, axis=1)
+        weights = ops.cast(weights, value.dtype)
+        probs = weights
+        dropout_fn = self._dropout_fn(context.training)
+        if dropout_fn is not None:
+            probs = dropout_fn(probs)
+        out = ops.einsum("bhts,bshd->bthd", probs, value)
+        if context.return_scores:
+            return out, weights
+        return out
+
+    # ------------------------------------------------------------ inspection
+    def compute_clusters(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        use_causal_mask=False,
+    ):
+        """The clusters the layer forms for these inputs (no centroid update).
+
+        Args:
+            query: ``(B, T, dim)``.
+            value: ``(B, S, dim)``; defaults to ``query``.
+            key: defaults to ``value``.
+            query_mask, value_mask, key_mask: optional boolean padding masks.
+            use_causal_mask: which routing a causal call uses.
+
+        Returns:
+            A dict of tensors, over the routing heads only (head ``h`` of
+            these is head ``local_heads + h`` of the layer):
+
+            * ``"query_indices"``: int ``(B, Hr, k, wq)``, the queries each
+              centroid takes under balanced routing, ascending;
+            * ``"key_indices"``: int ``(B, Hr, k, wk)``, same for keys;
+            * ``"query_clusters"``: int ``(B, Hr, T)``, nearest centroid of
+              each query (``k`` for padding), the clusters of token routing;
+            * ``"key_clusters"``: int ``(B, Hr, S)``, same for keys;
+            * ``"mode"``: ``"balanced"`` or ``"token"``, what a call with
+              ``use_causal_mask`` uses; ``"window"``: its window.
+        """
+        if self.routing_heads == 0:
+            raise ValueError(
+                "This layer has no routing heads (local_heads == num_heads). "
+                f"Received: local_heads={self.local_heads}, num_heads={self.num_heads}"
+            )
+        value = query if value is None else value
+        key = value if key is None else key
+        if not self.built:
+            self.build(tuple(query.shape), tuple(value.shape), tuple(key.shape))
+        q = self._query_dense(query)
+        k = self._key_dense(key)
+        if self.rotary_max_wavelength is not None:
+            q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
+            k = la_ops.apply_rotary(k, self.rotary_max_wavelength)
+        key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
+        q_padding = None if query_mask is None else ops.cast(query_mask, "bool")
+        T, S = q.shape[1], k.shape[1]
+        context = AttentionContext(
+            padding=la_ops.PaddingMask(q_padding, key_padding),
+            causal=bool(use_causal_mask),
+            training=False,
+            query_length=T,
+            key_length=S,
+        )
+        _, q_rt = self._split_heads(q)
+        _, k_rt = self._split_heads(k)
+        routing = self._route(q_rt, k_rt, context, add_losses=False)
+        if routing.query_indices is None:
+            sim_q = routing_ops.centroid_similarity(
+                routing_ops.sphere_normalize(q_rt), ops.cast(self.centroids, "float32")
+            )
+            q_valid = context.padding.query_mask
+            k_valid = key_padding
+            if self.shared_qk:
+                q_valid = la_ops.combine_dense_masks(q_valid, k_valid)
+                k_valid = q_valid
+            routing.query_indices = routing_ops.balanced_assignment(
+                sim_q, self.routing_window(T), q_valid
+            )
+            if self.shared_qk:
+                routing.key_indices = routing.query_indices
+            else:
+                sim_k = routing_ops.centroid_similarity(
+                    routing_ops.sphere_normalize(k_rt), ops.cast(self.centroids, "float32")
+                )
+                routing.key_indices = routing_ops.balanced_assignment(
+                    sim_k, self.routing_window(S), k_valid
+                )
+        return {
+            "query_indices": routing.query_indices,
+            "key_indices": routing.key_indices,
+            "query_clusters": routing.query_clusters,
+            "key_clusters": routing.key_clusters,
+            "mode": routing.mode,
+            "window": routing.window,
+        }
+
+    # ---------------------------------------------------------------- config
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_clusters": self.num_clusters,
+                "window": self.window,
+                "local_heads": self.local_heads,
+                "local_window": self.local_window,
+                "ema_decay": self.ema_decay,
+                "commitment_weight": self.commitment_weight,
+                "shared_qk": self.shared_qk,
+                "causal_routing": self.causal_routing,
+            }
+        )
+        return config
+
+
+def _is_training(training):
+    if training is None:
+        return False
+    if isinstance(training, bool):
+        return training
+    try:
+        return bool(training)
+    except Exception:  # a symbolic flag: Keras passes Python bools in fit
+        return False
+
+
+def _optional_positive_int(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer or None. Received: {name}={value!r}"
+        )
+    return int(value)

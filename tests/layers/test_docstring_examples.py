@@ -1,0 +1,22 @@
+"""Docstring examples of the layers and ops run as written."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "keras_longattn.layers.full_attention",
+    "keras_longattn.layers.local_attention",
+    "keras_longattn.layers.base_attention",
+    "keras_longattn.ops.patterns",
+    "keras_longattn.ops.blocked",
+    "keras_longattn.ops.reference",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
