@@ -34,8 +34,9 @@ class LocalAttention(BaseAttention):
             ``window - 1`` when causal and ``window // 2`` otherwise.
         look_ahead: keys visible after the query (bidirectional calls).
             Defaults to ``window // 2``.
-        block_size: positions per block of the ``"blocked"`` path. Defaults
-            to the larger extent rounded up to a multiple of 8.
+        block_size: positions per block of the blocked paths. Defaults to
+            half the larger extent, rounded up to a multiple of 8
+            (:func:`keras_longattn.ops.default_block_size`).
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
