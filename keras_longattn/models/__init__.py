@@ -1,0 +1,52 @@
+"""Transformer blocks and model builders around any attention layer.
+
+Blocks: :class:`TransformerBlock` (the ``"sf"`` pair), the residual
+sublayers :class:`AttentionSublayer` and :class:`FeedForwardSublayer`, and
+:func:`build_sublayers` for any ``layer_pattern`` (see
+:func:`sandwich_pattern`).
+
+Builders (each returns an uncompiled ``keras.Model``):
+:func:`build_causal_language_model`, :func:`build_sequence_classifier`,
+:func:`build_matching_model`, :func:`build_image_density_model` (with
+:func:`bits_per_dim`).
+"""
+
+# Register the attention layers before any config is deserialised.
+import keras_longattn.layers  # noqa: F401
+from keras_longattn.models.attention_sublayer import AttentionSublayer
+from keras_longattn.models.causal_language_model import build_causal_language_model
+from keras_longattn.models.class_token import ClassToken
+from keras_longattn.models.feedforward_sublayer import FeedForwardSublayer
+from keras_longattn.models.image_density_model import bits_per_dim
+from keras_longattn.models.image_density_model import build_image_density_model
+from keras_longattn.models.layer_pattern import interleaved_pattern
+from keras_longattn.models.layer_pattern import sandwich_pattern
+from keras_longattn.models.layer_pattern import validate_layer_pattern
+from keras_longattn.models.matching_model import build_matching_model
+from keras_longattn.models.position_embedding import PositionEmbedding
+from keras_longattn.models.reversible_embedding import ReversibleEmbedding
+from keras_longattn.models.sequence_classifier import build_sequence_classifier
+from keras_longattn.models.sequence_pooling import SequencePooling
+from keras_longattn.models.shift_right import ShiftRight
+from keras_longattn.models.sublayer_stack import build_sublayers
+from keras_longattn.models.transformer_block import TransformerBlock
+
+__all__ = [
+    "AttentionSublayer",
+    "ClassToken",
+    "FeedForwardSublayer",
+    "PositionEmbedding",
+    "ReversibleEmbedding",
+    "SequencePooling",
+    "ShiftRight",
+    "TransformerBlock",
+    "bits_per_dim",
+    "build_causal_language_model",
+    "build_image_density_model",
+    "build_matching_model",
+    "build_sequence_classifier",
+    "build_sublayers",
+    "interleaved_pattern",
+    "sandwich_pattern",
+    "validate_layer_pattern",
+]
