@@ -15,6 +15,7 @@ def apply_rotary(x, max_wavelength=10000.0):
         A tensor like ``x``. The dot product of a rotated query at ``i`` and
         a rotated key at ``j`` depends on ``i - j`` only.
     """
+    x = ops.convert_to_tensor(x)
     n, d = x.shape[1], x.shape[-1]
     half = d // 2
     freq = ops.power(
