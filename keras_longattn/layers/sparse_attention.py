@@ -28,7 +28,7 @@ class SparseAttention(BaseAttention):
 
     Causal calls (``use_causal_mask=True``) also require ``j <= i`` in both;
     bidirectional calls drop that condition. The patterns are the objects of
-    :func:`keras_longattn.ops.sparse.head_patterns`; the ``"reference"``
+    :func:`keras_longattn.ops.sparse.sparse_head_patterns`; the ``"reference"``
     implementation is dense attention under them.
 
     ``combination`` says how the two patterns are used (the paper's three
@@ -54,6 +54,11 @@ class SparseAttention(BaseAttention):
     O(n * (l + n / l)), fixed O(n * (l + c * n / l)) time and memory, i.e.
     O(n * sqrt(n)) with the default ``l ~ sqrt(n)`` (and ``c <= 32``). The
     sequence is padded internally to a multiple of ``l`` and stripped after.
+
+    Implementations:
+        ``"blocked"``: the block-sparse computation above (static sequence
+        lengths). ``"reference"``: dense attention under each head's
+        pattern, O(T * S); also used for ``return_attention_scores``.
 
     Args:
         num_heads: number of attention heads.
@@ -106,7 +111,7 @@ class SparseAttention(BaseAttention):
     ...     num_heads=2, key_dim=8, pattern="fixed", block_length=4,
     ...     summary_width=1)
     >>> x = np.random.rand(1, 10, 16).astype("float32")
-    >>> layer(x, x, use_causal_mask=True).shape
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (1, 10, 16)
     >>> layer.last_implementation
     'blocked'
@@ -189,7 +194,7 @@ class SparseAttention(BaseAttention):
         """The pattern of each head of a call, a tuple of ``num_heads``
         ``ops.AttentionPattern`` objects."""
         l = self.resolve_block_length(max(query_length, key_length))
-        return la_sparse.head_patterns(
+        return la_sparse.sparse_head_patterns(
             self.pattern,
             l,
             self.resolve_summary_width(l),

@@ -24,3 +24,12 @@ from keras_longattn.ops.rotary import apply_rotary
 from keras_longattn.ops.reference import MASKED_LOGIT
 from keras_longattn.ops.reference import masked_softmax
 from keras_longattn.ops.reference import reference_attention
+from keras_longattn.ops.sparse import BlockPattern
+from keras_longattn.ops.sparse import Difference
+from keras_longattn.ops.sparse import StridedPattern
+from keras_longattn.ops.sparse import SummaryPattern
+from keras_longattn.ops.sparse import default_block_length
+from keras_longattn.ops.sparse import default_summary_width
+from keras_longattn.ops.sparse import sparse_attention
+from keras_longattn.ops.sparse import sparse_head_patterns
+from keras_longattn.ops.sparse import sparse_transformer_patterns

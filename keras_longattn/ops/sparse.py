@@ -1,0 +1,509 @@
+"""The factorized patterns of the Sparse Transformer and their block-sparse
+computation: O(n * sqrt(n)) time and memory, never a ``(T, S)`` tensor.
+
+Child et al. (2019) split attention between two patterns, A and B, such that
+every position can reach every earlier one in two steps. With ``l`` the
+block length (the stride), ``c`` the summary width, query ``i`` and key ``j``:
+
+* **strided**: A attends ``{j : i - l < j <= i}`` (bidirectional:
+  ``|i - j| < l``), which is ``LocalPattern(l - 1, 0)`` (or
+  ``LocalPattern(l - 1, l - 1)``); B attends ``{j : (i - j) mod l == 0}``
+  (:class:`StridedPattern`).
+* **fixed**: A attends ``{j : floor(j / l) == floor(i / l)}``
+  (:class:`BlockPattern`); B attends ``{j : j mod l in [l - c, l)}``, the
+  last ``c`` cells of every block (:class:`SummaryPattern`).
+
+Causal calls AND both with ``j <= i`` (:class:`CausalPattern`). The patterns
+are predicates (see :mod:`keras_longattn.ops.patterns`): the dense reference
+builds its mask from them, and the functions below evaluate the very same
+predicates on the (query, key) pairs of their blocks only, so the layout is
+how it is computed, never what it means.
+
+Layouts (the sequence padded to ``N = m * l``, ``m`` blocks of ``l``):
+
+* strided A: band attention over blocks of ``l`` (the own block and one
+  neighbour on each allowed side): O(n * l);
+* strided B: the padded sequence seen as ``(m, l)``; each column (positions
+  with the same residue mod ``l``) attends within itself over the ``m``
+  rows: O(n * m);
+* fixed A: attention inside each block, no neighbours: O(n * l);
+* fixed B: every query against the ``m * c`` summary keys (slice
+  ``[l - c, l)`` of each block): O(n * m * c).
+
+Shape legend: B batch, T query length, S key length, H heads, d key/query
+head size, dv value head size, N padded length, m number of blocks, l block
+length, c summary width.
+"""
+
+import math
+import numbers
+
+import numpy as np
+from keras import ops
+
+from keras_longattn.ops.blocked import _band
+from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.patterns import AttentionPattern
+from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import LocalPattern
+from keras_longattn.ops.reference import MASKED_LOGIT
+
+#: Values of the ``pattern`` argument.
+SPARSE_PATTERNS = ("strided", "fixed")
+#: Values of the ``combination`` argument.
+SPARSE_COMBINATIONS = ("multihead", "merged", "first", "second")
+
+#: Cap of the default summary width (the paper uses c in {8, 16, 32}).
+_MAX_DEFAULT_SUMMARY_WIDTH = 32
+
+
+# ---------------------------------------------------------------- patterns
+class StridedPattern(AttentionPattern):
+    """Every ``stride``-th position: query ``i`` attends keys ``j`` with
+    ``(i - j) mod stride == 0`` (in both directions; AND it with
+    :class:`CausalPattern` for ``j <= i``).
+
+    Head B of the Sparse Transformer's *strided* pattern.
+
+    Args:
+        stride: the stride ``l`` (>= 1).
+    """
+
+    def __init__(self, stride):
+        self.stride = _check_positive_int("stride", stride)
+
+    def allowed(self, q_pos, k_pos):
+        return ops.equal(ops.mod(q_pos, self.stride), ops.mod(k_pos, self.stride))
+
+    def _fields(self):
+        return {"stride": self.stride}
+
+
+class BlockPattern(AttentionPattern):
+    """Attention inside fixed blocks: query ``i`` attends keys ``j`` with
+    ``floor(j / l) == floor(i / l)``.
+
+    Head A of the Sparse Transformer's *fixed* pattern.
+
+    Args:
+        block_length: the block length ``l`` (>= 1).
+    """
+
+    def __init__(self, block_length):
+        self.block_length = _check_positive_int("block_length", block_length)
+
+    def allowed(self, q_pos, k_pos):
+        l = self.block_length
+        return ops.equal(ops.floor_divide(q_pos, l), ops.floor_divide(k_pos, l))
+
+    def _fields(self):
+        return {"block_length": self.block_length}
+
+
+class SummaryPattern(AttentionPattern):
+    """The last ``c`` cells of every block of ``l`` are summaries that every
+    query sees: query ``i`` attends keys ``j`` with ``j mod l in [l - c, l)``.
+
+    Head B of the Sparse Transformer's *fixed* pattern.
+
+    Args:
+        block_length: the block length ``l`` (>= 2).
+        summary_width: the number ``c`` of summary cells per block,
+            ``1 <= c < l``.
+    """
+
+    def __init__(self, block_length, summary_width):
+        self.block_length = _check_positive_int("block_length", block_length)
+        self.summary_width = _check_positive_int("summary_width", summary_width)
+        _check_summary_width(self.summary_width, self.block_length)
+
+    def allowed(self, q_pos, k_pos):
+        l, c = self.block_length, self.summary_width
+        # `q_pos * 0` broadcasts the result to the (query, key) shape.
+        return ops.greater_equal(ops.mod(k_pos, l) + q_pos * 0, l - c)
+
+    def _fields(self):
+        return {"block_length": self.block_length, "summary_width": self.summary_width}
+
+
+class Difference(AttentionPattern):
+    """Keys allowed by ``include`` and not by ``exclude``.
+
+    The *merged* combination computes pattern B as ``Difference(B, A)`` so
+    that a key both patterns allow is counted once.
+    """
+
+    def __init__(self, include, exclude):
+        for name, p in (("include", include), ("exclude", exclude)):
+            if not isinstance(p, AttentionPattern):
+                raise TypeError(
+                    f"Difference expects AttentionPattern objects. Received: {name}={p!r}"
+                )
+        self.include = include
+        self.exclude = exclude
+
+    @property
+    def is_causal(self):
+        return self.include.is_causal
+
+    def allowed(self, q_pos, k_pos):
+        return ops.logical_and(
+            self.include.allowed(q_pos, k_pos),
+            ops.logical_not(self.exclude.allowed(q_pos, k_pos)),
+        )
+
+    def _fields(self):
+        return {"include": self.include, "exclude": self.exclude}
+
+
+def sparse_transformer_patterns(pattern, block_length, summary_width=None, causal=False):
+    """The two factorized patterns ``(A, B)`` of the Sparse Transformer.
+
+    Args:
+        pattern: ``"strided"`` or ``"fixed"``.
+        block_length: ``l``, the stride or block length.
+        summary_width: ``c`` (fixed only). Defaults to
+            :func:`default_summary_width`.
+        causal: AND both patterns with ``j <= i``.
+
+    Returns:
+        ``(A, B)``, two :class:`AttentionPattern` objects (see the module
+        docstring for the sets they allow).
+    """
+    check_sparse_pattern(pattern)
+    l = _check_positive_int("block_length", block_length)
+    if pattern == "strided":
+        if summary_width is not None:
+            raise ValueError(
+                "`summary_width` only applies to pattern='fixed'. "
+                f"Received: pattern='strided', summary_width={summary_width!r}"
+            )
+        first = LocalPattern(l - 1, 0 if causal else l - 1)
+        second = StridedPattern(l)
+    else:
+        c = default_summary_width(l) if summary_width is None else summary_width
+        first = BlockPattern(l)
+        second = SummaryPattern(l, c)
+    if causal:
+        if pattern != "strided":  # LocalPattern(l - 1, 0) is already causal.
+            first = first & CausalPattern()
+        second = second & CausalPattern()
+    return first, second
+
+
+def default_block_length(length, summary_width=None):
+    """Block length used when none is given: the integer nearest to
+    ``sqrt(length)`` (halves round up), at least 2 and at least
+    ``summary_width + 1``."""
+    length = max(int(length), 1)
+    l = max(2, int(math.floor(math.sqrt(length) + 0.5)))
+    if summary_width is not None:
+        l = max(l, int(summary_width) + 1)
+    return l
+
+
+def default_summary_width(block_length):
+    """Summary width used when none is given:
+    ``max(1, min(block_length // 8, 32))`` (the paper's ratio c = l / 8 for
+    l <= 256, capped at 32 so that the fixed pattern stays O(n * sqrt(n)))."""
+    return max(1, min(int(block_length) // 8, _MAX_DEFAULT_SUMMARY_WIDTH))
+
+
+def check_sparse_pattern(pattern):
+    if pattern not in SPARSE_PATTERNS:
+        raise ValueError(
+            f"`pattern` must be one of {SPARSE_PATTERNS}. Received: pattern={pattern!r}"
+        )
+    return pattern
+
+
+def check_sparse_combination(combination):
+    if combination not in SPARSE_COMBINATIONS:
+        raise ValueError(
+            f"`combination` must be one of {SPARSE_COMBINATIONS}. "
+            f"Received: combination={combination!r}"
+        )
+    return combination
+
+
+def multihead_split(num_heads):
+    """Number of heads given pattern A by ``combination="multihead"``:
+    the first ``ceil(H / 2)`` heads; the other ``floor(H / 2)`` get B."""
+    return num_heads - num_heads // 2
+
+
+def sparse_head_patterns(
+    pattern, block_length, summary_width, combination, num_heads, causal
+):
+    """The pattern of each head, a tuple of ``num_heads`` patterns.
+
+    ``"multihead"``: the first ``ceil(H / 2)`` heads A, the rest B;
+    ``"merged"``: every head ``A | B``; ``"first"``: every head A;
+    ``"second"``: every head B.
+    """
+    check_sparse_combination(combination)
+    first, second = sparse_transformer_patterns(
+        pattern, block_length, summary_width, causal
+    )
+    if combination == "multihead":
+        h = multihead_split(num_heads)
+        return (first,) * h + (second,) * (num_heads - h)
+    if combination == "merged":
+        return (first | second,) * num_heads
+    if combination == "first":
+        return (first,) * num_heads
+    return (second,) * num_heads
+
+
+# ------------------------------------------------------------ computation
+def sparse_attention(
+    query,
+    key,
+    value,
+    pattern="strided",
+    block_length=None,
+    summary_width=None,
+    combination="multihead",
+    causal=False,
+    key_mask=None,
+    scale=None,
+    dropout_fn=None,
+):
+    """Sparse Transformer attention computed block-sparsely.
+
+    Equal to dense attention under :func:`sparse_head_patterns` (the
+    specification, checked by the tests), in O(n * (l + n / l)) time and
+    memory for strided and O(n * (l + c * n / l)) for fixed: O(n * sqrt(n))
+    with the default ``l ~ sqrt(n)``. No tensor of size ``T * S`` is built.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        pattern: ``"strided"`` or ``"fixed"``.
+        block_length: ``l``. Defaults to :func:`default_block_length` of
+            ``max(T, S)``.
+        summary_width: ``c`` (fixed only). Defaults to
+            :func:`default_summary_width`.
+        combination: ``"multihead"``, ``"merged"``, ``"first"`` or
+            ``"second"`` (see :func:`sparse_head_patterns`). ``"merged"``
+            takes one softmax over the union of A and B, counting a key both
+            allow once.
+        causal: whether query ``i`` only sees keys ``j <= i``.
+        key_mask: optional boolean ``(B, S)``; False marks padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(B, T, H, dv)``. Queries with no visible key get zeros.
+    """
+    check_sparse_pattern(pattern)
+    check_sparse_combination(combination)
+    T, S = query.shape[1], key.shape[1]
+    if T is None or S is None:
+        raise ValueError(
+            "Sparse attention needs static sequence lengths. "
+            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    H = query.shape[2]
+    d = query.shape[3]
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    if block_length is None:
+        block_length = default_block_length(max(T, S), summary_width)
+    l = _check_positive_int("block_length", block_length)
+    # Validates pattern, block_length and summary_width together.
+    first, second = sparse_transformer_patterns(pattern, l, summary_width, causal)
+    c = None
+    if pattern == "fixed":
+        c = default_summary_width(l) if summary_width is None else int(summary_width)
+
+    m = -(-max(T, S) // l)
+    N = m * l
+    query = ops.multiply(query, ops.cast(scale, query.dtype))
+    query = pad_axis(query, 1, N)
+    key = pad_axis(key, 1, N)
+    value = pad_axis(value, 1, N)
+    valid = ops.convert_to_tensor(np.arange(N)[None, :] < S)  # (1, N)
+    if key_mask is not None:
+        km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
+        valid = ops.logical_and(valid, km)  # (B or 1, N)
+
+    def part_a(q, k, v, pat):
+        if pattern == "strided":
+            before = 1 if l > 1 else 0
+            after = 0 if causal else before
+        else:
+            before = after = 0
+        return _band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
+
+    def part_b(q, k, v, pat):
+        if pattern == "strided":
+            return _column_part(q, k, v, valid, pat, l, dropout_fn)
+        return _summary_part(q, k, v, valid, pat, l, c, dropout_fn)
+
+    if combination == "first":
+        out, _ = part_a(query, key, value, first)
+    elif combination == "second":
+        out, _ = part_b(query, key, value, second)
+    elif combination == "multihead":
+        h = multihead_split(H)
+        out, _ = part_a(query[:, :, :h], key[:, :, :h], value[:, :, :h], first)
+        if h < H:
+            out_b, _ = part_b(query[:, :, h:], key[:, :, h:], value[:, :, h:], second)
+            out = ops.concatenate([out, out_b], axis=2)
+    else:  # merged: one softmax over A and (B without A).
+        out_a, lse_a = part_a(query, key, value, first)
+        out_b, lse_b = part_b(query, key, value, Difference(second, first))
+        out = combine_normalised_parts([(out_a, lse_a), (out_b, lse_b)])
+    return out[:, :T]
+
+
+def combine_normalised_parts(parts):
+    """Merges attention computed over disjoint key sets into one softmax.
+
+    Each part is ``(out, lse)``: its normalised output ``(B, T, H, dv)`` and
+    the log-sum-exp of its logits ``(B, T, H)`` (float32, ``MASKED_LOGIT``
+    where the part sees no key). The result is
+    ``sum_p out_p * exp(lse_p - lse)`` with ``lse = logaddexp_p(lse_p)``,
+    finite everywhere (rows that see no key in any part stay zero).
+    """
+    dtype = parts[0][0].dtype
+    lse = parts[0][1]
+    for _, other in parts[1:]:
+        lse = ops.logaddexp(lse, other)
+    total = None
+    for out, part_lse in parts:
+        weight = ops.exp(part_lse - lse)[..., None]
+        term = ops.cast(out, "float32") * weight
+        total = term if total is None else total + term
+    return ops.cast(total, dtype)
+
+
+def softmax_with_lse(scores, mask):
+    """Masked softmax in float32 over the last axis, and its log-sum-exp.
+
+    Returns ``(probs, lse)``: ``probs`` in the dtype of ``scores``, exactly 0
+    on masked entries and on rows with no visible entry (as
+    :func:`keras_longattn.ops.masked_softmax`); ``lse`` float32 without the
+    last axis, about ``MASKED_LOGIT`` on rows with no visible entry. Finite
+    values and gradients everywhere.
+    """
+    dtype = scores.dtype
+    mask = ops.cast(mask, "bool")
+    scores = ops.where(mask, ops.cast(scores, "float32"), MASKED_LOGIT)
+    top = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
+    e = ops.exp(scores - top)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    probs = ops.where(mask, e / total, 0.0)
+    # A row with no visible entry has lse = MASKED_LOGIT + log(count), which
+    # rounds to MASKED_LOGIT in float32: finite, and weightless when merged.
+    lse = ops.squeeze(top + ops.log(total), -1)
+    return ops.cast(probs, dtype), lse
+
+
+# ------------------------------------------------------------------ parts
+# Positions are static: they are laid out with numpy in the shape of the
+# scores, and the pattern predicate is evaluated on them as tensors.
+def _band_part(query, key, value, valid, pattern, l, before, after, dropout_fn):
+    """Each block of ``l`` queries against its own key block and ``before``
+    / ``after`` neighbouring blocks (strided A, fixed A). O(N * l)."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    m = N // l
+    q = ops.reshape(query, (-1, m, l, H, d))
+    k = _band(ops.reshape(key, (-1, m, l, H, d)), before, after)  # (B, m, C, H, d)
+    v = _band(ops.reshape(value, (-1, m, l, H, dv)), before, after)
+    kv_valid = _band(ops.reshape(valid, (-1, m, l)), before, after, fill=False)  # (B, m, C)
+    starts = np.arange(m, dtype="int32")[:, None] * l
+    q_pos = starts + np.arange(l, dtype="int32")  # (m, l)
+    k_pos = starts + np.arange(-before * l, (1 + after) * l, dtype="int32")  # (m, C)
+    allowed = pattern.allowed(
+        _positions(q_pos[None, :, None, :, None]), _positions(k_pos[None, :, None, None, :])
+    )  # (1, m, 1, l, C)
+    mask = ops.logical_and(allowed, kv_valid[:, :, None, None, :])  # (B, m, 1, l, C)
+    # (B, m, l, H, d) x (B, m, C, H, d) -> (B, m, H, l, C)
+    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
+    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, m, H, l)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, m, H, l, C) x (B, m, C, H, dv) -> (B, m, l, H, dv)
+    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
+    out = ops.reshape(out, (-1, N, H, dv))
+    lse = ops.reshape(ops.transpose(lse, (0, 1, 3, 2)), (-1, N, H))
+    return out, lse
+
+
+def _column_part(query, key, value, valid, pattern, l, dropout_fn):
+    """The padded sequence as ``(m rows, l columns)``; each column attends
+    within itself over the rows (strided B). O(N * m)."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    m = N // l
+    q = ops.reshape(query, (-1, m, l, H, d))  # position r * l + c at [r, c]
+    k = ops.reshape(key, (-1, m, l, H, d))
+    v = ops.reshape(value, (-1, m, l, H, dv))
+    kv_valid = ops.transpose(ops.reshape(valid, (-1, m, l)), (0, 2, 1))  # (B, l, m)
+    pos = np.arange(l, dtype="int32")[:, None] + np.arange(m, dtype="int32") * l  # (l, m)
+    allowed = pattern.allowed(
+        _positions(pos[None, :, None, :, None]), _positions(pos[None, :, None, None, :])
+    )  # (1, l, 1, m, m)
+    mask = ops.logical_and(allowed, kv_valid[:, :, None, None, :])  # (B, l, 1, m, m)
+    # (B, m, l, H, d) x (B, m, l, H, d) -> (B, l, H, m, m)
+    scores = ops.einsum("brchd,bschd->bchrs", q, k)
+    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, l, H, m)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, l, H, m, m) x (B, m, l, H, dv) -> (B, m, l, H, dv)
+    out = ops.einsum("bchrs,bschd->brchd", probs, v)
+    out = ops.reshape(out, (-1, N, H, dv))
+    lse = ops.reshape(ops.transpose(lse, (0, 3, 1, 2)), (-1, N, H))
+    return out, lse
+
+
+def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn):
+    """Every query against the ``m * c`` summary keys, the last ``c`` cells
+    of each block (fixed B). O(N * m * c)."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    m = N // l
+    # The last c cells of every block: (B, m * c, ...).
+    k = ops.reshape(ops.reshape(key, (-1, m, l, H, d))[:, :, l - c :], (-1, m * c, H, d))
+    v = ops.reshape(ops.reshape(value, (-1, m, l, H, dv))[:, :, l - c :], (-1, m * c, H, dv))
+    kv_valid = ops.reshape(ops.reshape(valid, (-1, m, l))[:, :, l - c :], (-1, m * c))
+    q_pos = np.arange(N, dtype="int32")
+    k_pos = (np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32"))
+    allowed = pattern.allowed(
+        _positions(q_pos[None, None, :, None]), _positions(k_pos.reshape(1, 1, 1, m * c))
+    )  # (1, 1, N, m * c)
+    mask = ops.logical_and(allowed, kv_valid[:, None, None, :])  # (B, 1, N, m * c)
+    # (B, N, H, d) x (B, m * c, H, d) -> (B, H, N, m * c)
+    scores = ops.einsum("bqhd,bkhd->bhqk", query, k)
+    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, H, N)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, H, N, m * c) x (B, m * c, H, dv) -> (B, N, H, dv)
+    out = ops.einsum("bhqk,bkhd->bqhd", probs, v)
+    return out, ops.transpose(lse, (0, 2, 1))
+
+
+def _positions(array):
+    return ops.convert_to_tensor(array, dtype="int32")
+
+
+# ---------------------------------------------------------------- helpers
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _check_summary_width(summary_width, block_length):
+    if summary_width >= block_length:
+        raise ValueError(
+            "`summary_width` must be smaller than `block_length` (the summary "
+            "cells are the last `summary_width` cells of each block). "
+            f"Received: summary_width={summary_width}, block_length={block_length}"
+        )
