@@ -37,9 +37,12 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     return parser
 
 
+from keras_longattn.reproduce import add_parser as add_reproduce_command  # noqa: E402
+
 #: Functions adding one subcommand each, in the order ``--help`` lists them.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     add_bench_command,
+    add_reproduce_command,
 ]
 
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The notebooks and the documentation site, after the unit tests.
+# Called by scripts/test.sh with the virtual environment on PATH; can be run
+# alone the same way:
+#   source scripts/bootstrap.sh && bash scripts/extra_stages.sh
+#   STAGES="docs build" bash scripts/extra_stages.sh   # some stages only
+#
+# Stages (each prints "[stage] <name>: <seconds>s"; the first failure stops
+# the script with its exit status):
+#   notebooks  execute every notebook of notebooks/ at CI size with papermill
+#              into build/notebooks/ (keras-longattn reproduce --all)
+#   nbval      re-execute the executed copies with nbval (--nbval-lax: every
+#              cell must run, cells tagged nbval-check-output must match)
+#   docs       docs/gen_figures.py: pattern figures, the benchmark page, the
+#              executed notebooks copied into docs/notebooks/
+#   build      mkdocs build --strict into site/
+#   browser    serve site/ on 127.0.0.1 and look at pages in headless
+#              Chromium (tests/docs/test_site_browser.py); installs Debian's
+#              chromium package with apt-get when it is missing
+# Environment: NOTEBOOK_BACKEND (default: each notebook's own, jax),
+# STAGES (default: all, in order).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PYTHONHASHSEED=0
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export PYDEVD_DISABLE_FILE_VALIDATION=1
+export NO_MKDOCS_2_WARNING=1
+export MPLBACKEND=Agg
+STAGES="${STAGES:-notebooks nbval docs build browser}"
+NOTEBOOK_DIR=build/notebooks
+NBVAL_DIR=build/nbval
+
+python -c "import keras_longattn, papermill, nbval, mkdocs" 2>/dev/null || {
+  echo "[extra] the virtual environment lacks the notebooks/docs/dev extras (source scripts/bootstrap.sh)"
+  exit 1
+}
+
+stage_notebooks() {
+  local backend_args=()
+  [ -n "${NOTEBOOK_BACKEND:-}" ] && backend_args=(--backend "$NOTEBOOK_BACKEND")
+  python -m keras_longattn.reproduce --all --output-dir "$NOTEBOOK_DIR" "${backend_args[@]}"
+}
+
+stage_nbval() {
+  # A copy, so that the re-run does not overwrite the results of the
+  # papermill run that the docs show. The copies keep papermill's injected
+  # parameters cell: nbval runs them at CI size too.
+  rm -rf "$NBVAL_DIR" && mkdir -p "$NBVAL_DIR"
+  shopt -s nullglob
+  local executed=("$NOTEBOOK_DIR"/*.ipynb)
+  shopt -u nullglob
+  if [ ${#executed[@]} -eq 0 ]; then
+    echo "[nbval] no executed notebooks in $NOTEBOOK_DIR (run the notebooks stage first)"
+    return 1
+  fi
+  cp "${executed[@]}" "$NBVAL_DIR"/
+  python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env "$NBVAL_DIR"/*.ipynb
+}
+
+stage_docs() {
+  python docs/gen_figures.py
+}
+
+stage_build() {
+  mkdocs build --strict --clean
+}
+
+ensure_chromium() {
+  if [ -n "${KERAS_LONGATTN_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "[browser] chromium not found: installing Debian's chromium package"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[browser] FAILED: no apt-get here to install chromium; install it or set KERAS_LONGATTN_CHROMIUM"
+    return 1
+  fi
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo -n)
+  if ! "${sudo[@]}" apt-get update -qq >/tmp/keras-longattn-apt.log 2>&1 \
+     || ! DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium \
+          >>/tmp/keras-longattn-apt.log 2>&1; then
+    tail -20 /tmp/keras-longattn-apt.log
+    echo "[browser] FAILED: apt-get could not install chromium (log: /tmp/keras-longattn-apt.log)"
+    return 1
+  fi
+  command -v chromium >/dev/null 2>&1 || { echo "[browser] FAILED: chromium still missing after apt-get"; return 1; }
+}
+
+stage_browser() {
+  ensure_chromium || return 1
+  [ -f site/index.html ] || { echo "[browser] no site/index.html (run the build stage first)"; return 1; }
+  local port
+  port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  python -m http.server "$port" --bind 127.0.0.1 --directory site >build/site-server.log 2>&1 &
+  local server=$!
+  # Wait until it answers (at most ~10 s).
+  local ready=0
+  for _ in $(seq 1 50); do
+    if python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)" 2>/dev/null; then
+      ready=1; break
+    fi
+    sleep 0.2
+  done
+  local rc=1
+  if [ $ready -eq 1 ]; then
+    KERAS_LONGATTN_SITE_URL="http://127.0.0.1:$port" \
+      python -m pytest -p no:cacheprovider -q tests/docs/test_site_browser.py
+    rc=$?
+  else
+    echo "[browser] the site server did not start on 127.0.0.1:$port"; cat build/site-server.log
+  fi
+  kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
+  return $rc
+}
+
+mkdir -p build
+for name in $STAGES; do
+  if ! declare -F "stage_$name" >/dev/null; then
+    echo "[extra] unknown stage '$name' (stages: notebooks nbval docs build browser)"
+    exit 2
+  fi
+  start=$(date +%s)
+  echo "[stage] $name ..."
+  "stage_$name"
+  rc=$?
+  echo "[stage] $name: $(( $(date +%s) - start ))s"
+  if [ $rc -ne 0 ]; then
+    echo "[stage] $name FAILED (exit status $rc)"
+    exit $rc
+  fi
+done

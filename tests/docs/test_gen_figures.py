@@ -1,0 +1,131 @@
+"""docs/gen_figures.py and docs/griffe_docstrings.py, on small inputs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gen():
+    pytest.importorskip("matplotlib")
+    return _load("gen_figures")
+
+
+def test_snake_case(gen):
+    assert gen.snake_case("LocalAttention") == "local_attention"
+    assert gen.snake_case("FullAttention") == "full_attention"
+
+
+def test_pattern_masks_come_from_the_layer(gen):
+    from keras_longattn.layers import LocalAttention
+
+    masks = gen.pattern_masks(LocalAttention(num_heads=2, key_dim=4, window=4), n=12)
+    i, j = np.meshgrid(np.arange(12), np.arange(12), indexing="ij")
+    np.testing.assert_array_equal(masks["causal"], (j <= i) & (j > i - 4))
+    np.testing.assert_array_equal(masks["bidirectional"], np.abs(j - i) <= 2)
+
+
+def test_every_guide_has_a_figure(gen, tmp_path):
+    written = {p.name for p in gen.generate_patterns(out_dir=tmp_path, n=16)}
+    for guide in (ROOT / "docs" / "guides").glob("*_attention.md"):
+        assert f"{guide.stem}.png" in written
+        assert f"../assets/patterns/{guide.stem}.png" in guide.read_text(encoding="utf-8")
+
+
+def test_benchmark_page_without_results_says_so(gen):
+    page = gen.benchmark_page(None, None, None)
+    assert "No benchmark results are available" in page
+    assert "| layer |" not in page
+
+
+def _row(layer, n, ms, peak, ratio=None, status="ok"):
+    return {"layer": layer, "backend": "jax", "seq_len": n, "mode": "fwdbwd", "status": status,
+            "median_ms": ms, "peak_memory_bytes": peak, "memory_method": "rss-hwm",
+            "baseline": "full", "time_ratio": ratio, "memory_ratio": ratio and 1 / ratio,
+            "ratio_note": "" if status == "ok" else status, "message": "killed" if status != "ok" else ""}
+
+
+def test_benchmark_page_with_results(gen, tmp_path):
+    document = {
+        "started": "2026-01-01T00:00:00+00:00",
+        "config": {"layers": ["full", "local"], "lengths": [1024, 4096], "window": 256},
+        "machine": {"platform": "Linux", "usable_cpus": 2, "versions": {"keras": "3"}},
+        "results": [
+            _row("full", 1024, 100.0, 2 ** 26, 1.0), _row("local", 1024, 50.0, 2 ** 25, 2.0),
+            _row("full", 4096, None, None, status="oom"), _row("local", 4096, 200.0, 2 ** 26),
+        ],
+    }
+    page = gen.benchmark_page(document, ROOT / "docs/benchmarks/results.json", "committed",
+                              assets=tmp_path)
+    assert "### jax" in page
+    assert "| `local` | 1,024 | fwdbwd | 50.0 | 2.00x | 32.0 | 0.50 | ok |" in page
+    assert "oom: killed" in page
+    assert (tmp_path / "benchmark.png").stat().st_size > 1000
+    local = gen.benchmark_page(document, ROOT / "build/benchmarks/latest.json", "local",
+                               assets=tmp_path)
+    assert "Local, uncommitted run" in local
+    merged = dict(document, runs=[{"file": "a.json", "config": {"lengths": [1024]},
+                                   "started": "s1", "finished": "f1"}])
+    merged.pop("config")
+    page = gen.benchmark_page(merged, ROOT / "docs/benchmarks/results.json", "committed",
+                              assets=tmp_path)
+    assert "4 configurations from 1 runs" in page and "`a.json`, started s1, finished f1" in page
+
+
+def test_notebook_copies(gen, tmp_path):
+    src, build, out = tmp_path / "src", tmp_path / "build", tmp_path / "out"
+    for folder in (src, build):
+        folder.mkdir()
+    cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": "print(1)"}
+    notebook = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Demo"}, cell],
+                "metadata": {"keras_longattn": {"title": "Demo", "claims": ["it works"]}},
+                "nbformat": 4, "nbformat_minor": 5}
+    (src / "demo.ipynb").write_text(json.dumps(notebook))
+    (src / "other.ipynb").write_text(json.dumps(notebook))
+    executed = json.loads(json.dumps(notebook))
+    executed["cells"][1]["outputs"] = [
+        {"output_type": "stream", "name": "stderr",
+         "text": "WARNING: All log messages before absl::InitializeLog() is called are "
+                 "written to STDERR\nI0000 00:00:1 port.cc:153] oneDNN custom operations are on.\n"},
+        {"output_type": "stream", "name": "stderr", "text": "a real warning\n"},
+        {"output_type": "stream", "name": "stdout", "text": "1\n"},
+    ]
+    (build / "demo.ipynb").write_text(json.dumps(executed))
+    (build / "demo.json").write_text(json.dumps(
+        {"backend": "jax", "metrics": {"bits": 1.5}, "wall_time_s": 3.0, "parameters": {}}))
+    page = tmp_path / "reproductions.md"
+    gen.generate_notebooks(src=src, build=build, out=out, page=page)
+    copied = json.loads((out / "demo.ipynb").read_text())
+    texts = [o["text"] for o in copied["cells"][1]["outputs"]]
+    assert texts == ["a real warning\n", "1\n"]
+    unexecuted = json.loads((out / "other.ipynb").read_text())
+    assert "Not executed" in unexecuted["cells"][1]["source"]
+    text = page.read_text()
+    assert "## Demo" in text and "| `bits` | 1.5 |" in text and "it works" in text
+    assert "keras-longattn reproduce demo --full" in text
+
+
+def test_griffe_rewrite():
+    pytest.importorskip("griffe")
+    rewrite = _load("griffe_docstrings").rewrite
+    text = "Summary :class:`Foo` and :func:`~a.b`.\n\nExample:\n\n>>> x = 1\n>>> x\n1\n\nReference:\n    R."
+    assert rewrite(text) == (
+        "Summary `Foo` and `a.b`.\n\nExamples:\n\n    >>> x = 1\n    >>> x\n    1\n\n"
+        "Reference:\n    R.")
+    args = "Args:\n    See :class:`Base` (the arguments\n    of X).\n\nReturns:\n    y."
+    assert rewrite(args) == "Constructor arguments: see `Base` (the arguments of X).\n\nReturns:\n    y."
+    kept = "Args:\n    x: a number.\n"
+    assert rewrite(kept) == kept
