@@ -6,3 +6,4 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.full_attention import FullAttention
 from keras_longattn.layers.local_attention import LocalAttention
 from keras_longattn.layers.sparse_attention import SparseAttention
+from keras_longattn.layers.routing_attention import RoutingAttention

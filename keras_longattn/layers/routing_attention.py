@@ -6,6 +6,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_longattn import ops as la_ops
@@ -14,6 +15,11 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.ops import routing as routing_ops
 
 _CAUSAL_ROUTINGS = ("token", "balanced")
+
+# The local heads' kernel, compiled as one program on JAX (see backend_jit).
+_local_attention = routing_ops.backend_jit(
+    ("look_back", "look_ahead", "block_size", "scale", "dropout_fn")
+)(la_ops.local_attention)
 
 
 @dataclasses.dataclass
@@ -47,8 +53,13 @@ class _Centroids(keras.layers.Layer):
         seed = self.seed
 
         def unit_normal(shape, dtype=None):
-            x = keras.initializers.RandomNormal(stddev=1.0, seed=seed)(shape, "float32")
-            return ops.cast(routing_ops.l2_normalize(x), dtype or "float32")
+            # Random unit vectors, drawn with NumPy: the seed when given,
+            # else NumPy's global state (set by keras.utils.set_random_seed).
+            # Cheaper than a backend RNG, which JAX compiles per shape.
+            rng = np.random if seed is None else np.random.default_rng(seed)
+            x = rng.standard_normal(shape).astype("float32")
+            x /= np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)
+            return ops.convert_to_tensor(x, dtype=dtype or "float32")
 
         self.centroids = self.add_weight(
             name="centroids",
@@ -172,13 +183,15 @@ class RoutingAttention(BaseAttention):
     >>> import numpy as np
     >>> import keras_longattn
     >>> layer = keras_longattn.layers.RoutingAttention(
-    ...     num_heads=4, key_dim=8, num_clusters=4, local_heads=2)
-    >>> x = np.random.rand(2, 64, 16).astype("float32")
-    >>> layer(x, x, use_causal_mask=True).shape
-    (2, 64, 16)
+    ...     num_heads=2, key_dim=8, local_heads=1)
+    >>> x = np.random.rand(2, 37, 16).astype("float32")
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
+    (2, 37, 16)
+    >>> layer.num_clusters  # round(sqrt(37)), fixed at build
+    6
     >>> clusters = layer.compute_clusters(x)
     >>> tuple(clusters["query_indices"].shape)  # (B, routing heads, k, w)
-    (2, 2, 4, 16)
+    (2, 1, 6, 7)
 
     Reference:
         Roy, Saffar, Vaswani and Grangier, "Efficient Content-Based Sparse
@@ -348,9 +361,9 @@ class RoutingAttention(BaseAttention):
                 routing_ops.ema_update(centroids, sums, counts, self.ema_decay)
             )
         if add_losses and self.commitment_weight > 0.0:
-            loss = self._commitment_loss(q_live, near_q, centroids, q_valid)
+            loss = self._commitment_loss(q_live, near_q, centroids)
             if not self.shared_qk:
-                loss = 0.5 * (loss + self._commitment_loss(k_live, near_k, centroids, k_valid))
+                loss = 0.5 * (loss + self._commitment_loss(k_live, near_k, centroids))
             self.add_loss(self.commitment_weight * loss)
 
         if self.shared_qk:
@@ -376,7 +389,9 @@ class RoutingAttention(BaseAttention):
             routing.window = self.routing_window(max(T, S))
         return routing
 
-    def _commitment_loss(self, x_live, nearest, centroids, valid):
+    def _commitment_loss(self, x_live, nearest, centroids):
+        """Mean ``||x_hat - stop_gradient(mu_hat)||^2`` over real tokens
+        (``nearest == k`` marks padding)."""
         k = self.num_clusters
         mu = routing_ops.l2_normalize(centroids)  # (Hr, k, d)
         idx = ops.minimum(nearest, k - 1)  # (B, Hr, n)
@@ -408,7 +423,7 @@ class RoutingAttention(BaseAttention):
         if self.local_heads:
             look_back, look_ahead = self._local_extents(context.causal, window)
             parts.append(
-                la_ops.local_attention(
+                _local_attention(
                     q_loc,
                     k_loc,
                     v_loc,
@@ -452,61 +467,38 @@ class RoutingAttention(BaseAttention):
     def _attention_reference(self, query, key, value, context):
         """Dense attention under the same clusters (see the class docstring)."""
         T, S = query.shape[1], key.shape[1]
-        scale = self._inverse_sqrt_key_dim
         q_loc, q_rt = self._split_heads(query)
         k_loc, k_rt = self._split_heads(key)
         extra = la_ops.combine_dense_masks(
             context.padding.dense_mask(T, S), context.attention_mask
         )  # (B, T, S) or None
         extra = None if extra is None else ops.expand_dims(extra, 1)
-        weights = []
         window = self.routing_window(max(T, S))
+        routing = None
         if self.routing_heads:
             routing = self._route(q_rt, k_rt, context)
             window = routing.window
+        local_extents = None
         if self.local_heads:
-            look_back, look_ahead = self._local_extents(context.causal, window)
-            pattern = la_ops.LocalPattern(look_back, look_ahead)
-            mask = pattern.dense_mask(T, S)[None, None]
-            mask = routing_ops._and(mask, extra)
-            scores = ops.einsum(
-                "bthd,bshd->bhts", ops.multiply(q_loc, ops.cast(scale, q_loc.dtype)), k_loc
-            )
-            weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
-        if self.routing_heads:
-            keys = routing.keys
-            if routing.mode == "balanced":
-                w = routing_ops.balanced_cluster_weights(
-                    q_rt,
-                    keys,
-                    routing.query_indices,
-                    routing.key_indices,
-                    causal=context.causal,
-                    exclude_self=self.shared_qk,
-                    scale=scale,
-                    extra_mask=extra,
-                )
-            else:
-                mask = routing_ops.clustered_window_mask(
-                    routing.query_clusters,
-                    routing.key_clusters,
-                    self.num_clusters,
-                    routing.window,
-                    shared=self.shared_qk,
-                )
-                mask = routing_ops._and(mask, extra)
-                if self.shared_qk:
-                    eye = ops.equal(
-                        ops.arange(T, dtype="int32")[:, None],
-                        ops.arange(S, dtype="int32")[None, :],
-                    )
-                    mask = routing_ops.exclude_self_unless_alone(mask, eye[None, None])
-                scores = ops.einsum(
-                    "bthd,bshd->bhts", ops.multiply(q_rt, ops.cast(scale, q_rt.dtype)), keys
-                )
-                w = ops.cast(la_ops.masked_softmax(scores, mask), "float32")
-            weights.append(w)
-        weights = weights[0] if len(weights) == 1 else ops.concatenate(weights, axis=1)
+            local_extents = self._local_extents(context.causal, window)
+        weights = _dense_weights(
+            q_loc if self.local_heads else None,
+            k_loc if self.local_heads else None,
+            q_rt if routing is not None else None,
+            routing.keys if routing is not None else None,
+            extra,
+            None if routing is None else routing.query_indices,
+            None if routing is None else routing.key_indices,
+            None if routing is None else routing.query_clusters,
+            None if routing is None else routing.key_clusters,
+            local_extents=local_extents,
+            mode=None if routing is None else routing.mode,
+            causal=context.causal,
+            shared=self.shared_qk,
+            num_clusters=self.num_clusters,
+            window=window,
+            scale=self._inverse_sqrt_key_dim,
+        )
         weights = ops.cast(weights, value.dtype)
         probs = weights
         dropout_fn = self._dropout_fn(context.training)
@@ -538,17 +530,16 @@ class RoutingAttention(BaseAttention):
             use_causal_mask: which routing a causal call uses.
 
         Returns:
-            A dict of tensors, over the routing heads only (head ``h`` of
-            these is head ``local_heads + h`` of the layer):
-
-            * ``"query_indices"``: int ``(B, Hr, k, wq)``, the queries each
-              centroid takes under balanced routing, ascending;
-            * ``"key_indices"``: int ``(B, Hr, k, wk)``, same for keys;
-            * ``"query_clusters"``: int ``(B, Hr, T)``, nearest centroid of
-              each query (``k`` for padding), the clusters of token routing;
-            * ``"key_clusters"``: int ``(B, Hr, S)``, same for keys;
-            * ``"mode"``: ``"balanced"`` or ``"token"``, what a call with
-              ``use_causal_mask`` uses; ``"window"``: its window.
+            A dict of tensors over the routing heads only (head ``h`` of
+            these is head ``local_heads + h`` of the layer). Keys:
+            ``"query_indices"``, int ``(B, Hr, k, wq)``, the queries each
+            centroid takes under balanced routing, ascending;
+            ``"key_indices"``, int ``(B, Hr, k, wk)``, the same for keys;
+            ``"query_clusters"``, int ``(B, Hr, T)``, the nearest centroid of
+            each query (``k`` for padding), the clusters of token routing;
+            ``"key_clusters"``, int ``(B, Hr, S)``, the same for keys;
+            ``"mode"``, ``"balanced"`` or ``"token"``, what a call with
+            ``use_causal_mask`` uses; ``"window"``, its window.
         """
         if self.routing_heads == 0:
             raise ValueError(
@@ -607,6 +598,15 @@ class RoutingAttention(BaseAttention):
             "window": routing.window,
         }
 
+    def set_weights(self, weights):
+        """Sets the weights; a list without the centroids (e.g.
+        ``MultiHeadAttention.get_weights()``) sets the projections and keeps
+        the centroids."""
+        weights = list(weights)
+        if self.centroids is not None and len(weights) == len(self.weights) - 1:
+            weights.append(ops.convert_to_numpy(self.centroids))
+        super().set_weights(weights)
+
     # ---------------------------------------------------------------- config
     def get_config(self):
         config = super().get_config()
@@ -623,6 +623,71 @@ class RoutingAttention(BaseAttention):
             }
         )
         return config
+
+
+@routing_ops.backend_jit(
+    ("local_extents", "mode", "causal", "shared", "num_clusters", "window", "scale")
+)
+def _dense_weights(
+    q_loc,
+    k_loc,
+    q_rt,
+    keys,
+    extra,
+    query_indices,
+    key_indices,
+    query_clusters,
+    key_clusters,
+    local_extents,
+    mode,
+    causal,
+    shared,
+    num_clusters,
+    window,
+    scale,
+):
+    """Dense float32 ``(B, H, T, S)`` weights of the reference path: local
+    heads under their sliding window, routing heads under their clusters.
+    O(T * S) (O(k * T * S) for balanced routing)."""
+    weights = []
+    if local_extents is not None:
+        T, S = q_loc.shape[1], k_loc.shape[1]
+        mask = la_ops.LocalPattern(*local_extents).dense_mask(T, S)[None, None]
+        mask = routing_ops._and(mask, extra)
+        scores = ops.einsum(
+            "bthd,bshd->bhts", ops.multiply(q_loc, ops.cast(scale, q_loc.dtype)), k_loc
+        )
+        weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
+    if mode == "balanced":
+        weights.append(
+            routing_ops.balanced_cluster_weights(
+                q_rt,
+                keys,
+                query_indices,
+                key_indices,
+                causal=causal,
+                exclude_self=shared,
+                scale=scale,
+                extra_mask=extra,
+            )
+        )
+    elif mode == "token":
+        T, S = q_rt.shape[1], keys.shape[1]
+        mask = routing_ops.clustered_window_mask(
+            query_clusters, key_clusters, num_clusters, window, shared=shared
+        )
+        mask = routing_ops._and(mask, extra)
+        if shared:
+            eye = ops.equal(
+                ops.arange(T, dtype="int32")[:, None],
+                ops.arange(S, dtype="int32")[None, :],
+            )
+            mask = routing_ops.exclude_self_unless_alone(mask, eye[None, None])
+        scores = ops.einsum(
+            "bthd,bshd->bhts", ops.multiply(q_rt, ops.cast(scale, q_rt.dtype)), keys
+        )
+        weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
+    return weights[0] if len(weights) == 1 else ops.concatenate(weights, axis=1)
 
 
 def _is_training(training):

@@ -33,3 +33,14 @@ from keras_longattn.ops.sparse import default_summary_width
 from keras_longattn.ops.sparse import sparse_attention
 from keras_longattn.ops.sparse import sparse_head_patterns
 from keras_longattn.ops.sparse import sparse_transformer_patterns
+from keras_longattn.ops import routing
+from keras_longattn.ops.routing import balanced_assignment
+from keras_longattn.ops.routing import balanced_cluster_attention
+from keras_longattn.ops.routing import cluster_statistics
+from keras_longattn.ops.routing import clustered_window_attention
+from keras_longattn.ops.routing import ema_update
+from keras_longattn.ops.routing import gather_tokens
+from keras_longattn.ops.routing import nearest_centroid
+from keras_longattn.ops.routing import scatter_mean
+from keras_longattn.ops.routing import segment_means
+from keras_longattn.ops.routing import sphere_normalize

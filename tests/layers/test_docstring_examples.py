@@ -9,6 +9,7 @@ MODULES = [
     "keras_longattn.layers.full_attention",
     "keras_longattn.layers.local_attention",
     "keras_longattn.layers.sparse_attention",
+    "keras_longattn.layers.routing_attention",
     "keras_longattn.layers.base_attention",
     "keras_longattn.ops.patterns",
     "keras_longattn.ops.blocked",

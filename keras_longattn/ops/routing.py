@@ -1,0 +1,761 @@
+"""Routing (clustered) attention: k-means routing of queries and keys and
+attention inside the clusters, on ``keras.ops`` only.
+
+Routing Transformer (Roy et al. 2021): queries and keys are normalised onto
+the unit sphere, compared with ``k`` centroids per head, and attention is
+restricted to the members of a cluster. Two ways of forming clusters live
+here:
+
+* **balanced** (:func:`balanced_assignment`, :func:`balanced_cluster_attention`):
+  each centroid takes its ``w`` most similar queries and its ``w`` most
+  similar keys (top-w over the sequence), as in the authors' code. Every
+  cluster is a dense ``w x w`` block; a query chosen by several centroids
+  gets the mean of its outputs over the clusters in which it sees at least
+  one key, a query chosen by none (or seeing no key) gets zeros.
+  Membership of a token depends on every other token of the sequence
+  (later ones included), so this is not strictly causal.
+* **token** (:func:`nearest_centroid`, :func:`clustered_window_attention`):
+  each query and each key joins its nearest centroid (the k-means
+  assignment, which depends on the token alone). Inside a cluster, its
+  queries and keys are laid out in position order (a key before the query
+  of the same position) and cut into chunks of ``w`` members; a query
+  attends to the keys of its own and of the previous chunk that are not
+  after it. Everything a query sees is decided by tokens at or before it:
+  strictly causal. Chunks are aligned per cluster in a buffer of static
+  size, so the computation is dense ``w x 2w`` blocks.
+
+Both cost O(n * k * d) for routing and O(n * w * d) = O(n^2 * d / k) for
+attention; nothing of size ``n^2`` is built. The ``*_weights`` /
+``*_mask`` functions build the same attention as dense ``(B, H, T, S)``
+tensors (O(n^2), for the reference path and tests only).
+
+Shape legend: B batch, T query length, S key length, n a sequence length,
+H heads, d head size, dv value head size, k clusters, w window (members of a
+cluster or of a chunk).
+"""
+
+import functools
+import math
+
+import keras
+from keras import ops
+
+from keras_longattn.ops.reference import masked_softmax
+
+#: Similarity given to padded tokens before the top-w selection (cosine
+#: similarities lie in [-1, 1]), so that they are chosen only when a
+#: cluster has no real token left, always in the same (index) order.
+EXCLUDED_SIMILARITY = -1e9
+
+
+def backend_jit(static_argnames=()):
+    """Decorator: on the JAX backend, runs the function as one compiled
+    program (per shapes and static arguments).
+
+    Eager JAX compiles every primitive separately the first time it meets a
+    shape, which makes a first eager call of a routing kernel take many
+    seconds; inside ``jit`` (``fit``, ``predict``) the nested compilation is
+    simply inlined. A call with a ``dropout_fn`` (stateful randomness) and
+    every other backend run the plain function. Results are identical.
+    """
+
+    def decorate(fn):
+        compiled = {}
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if (
+                keras.backend.backend() != "jax"
+                or kwargs.get("dropout_fn") is not None
+            ):
+                return fn(*args, **kwargs)
+            if "fn" not in compiled:
+                import jax
+
+                compiled["fn"] = jax.jit(fn, static_argnames=static_argnames)
+            return compiled["fn"](*args, **kwargs)
+
+        wrapper.uncompiled = fn
+        return wrapper
+
+    return decorate
+
+
+# ---------------------------------------------------------------- geometry
+@backend_jit(("epsilon",))
+def sphere_normalize(x, epsilon=1e-6):
+    """Projects vectors onto the unit sphere as the authors' code does.
+
+    Layer normalisation without scale or bias over the last axis (the
+    authors' ``layer_norm(x, scaling=False)``, epsilon 1e-6), divided by
+    ``sqrt(d)`` so that the result has unit length (the authors' vectors have
+    length ``sqrt(d)``; the constant changes no assignment). Computed in
+    float32 whatever the input dtype. A constant vector (e.g. a zero padded
+    token) maps to zeros.
+
+    Args:
+        x: ``(..., d)``.
+        epsilon: added to the variance.
+
+    Returns:
+        float32 tensor like ``x``.
+    """
+    x = ops.cast(x, "float32")
+    d = x.shape[-1]
+    centered = x - ops.mean(x, axis=-1, keepdims=True)
+    var = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    return centered * ops.rsqrt(var + epsilon) * (1.0 / math.sqrt(float(d)))
+
+
+def l2_normalize(x, epsilon=1e-6):
+    """``x / max(||x||, epsilon)`` over the last axis, in float32."""
+    x = ops.cast(x, "float32")
+    norm = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
+    return x / ops.maximum(norm, epsilon)
+
+
+@backend_jit()
+def centroid_similarity(x_hat, centroids):
+    """Cosine similarity of normalised tokens with each centroid.
+
+    Args:
+        x_hat: ``(B, n, H, d)`` normalised tokens (:func:`sphere_normalize`).
+        centroids: ``(H, k, d)``; normalised to unit length here.
+
+    Returns:
+        float32 ``(B, H, k, n)``.
+    """
+    mu = l2_normalize(centroids)
+    return ops.einsum("bnhd,hkd->bhkn", ops.cast(x_hat, "float32"), mu)
+
+
+# ------------------------------------------------------------- assignment
+@backend_jit()
+def nearest_centroid(similarity, valid=None):
+    """The k-means assignment: the most similar centroid of every token.
+
+    Args:
+        similarity: ``(B, H, k, n)`` from :func:`centroid_similarity`.
+        valid: optional boolean ``(B, n)``; False marks padding.
+
+    Returns:
+        int32 ``(B, H, n)`` in ``[0, k)``; padded tokens get ``k`` (no
+        cluster).
+    """
+    k = similarity.shape[2]
+    idx = ops.cast(ops.argmax(similarity, axis=2), "int32")
+    if valid is not None:
+        valid = ops.cast(valid, "bool")[:, None, :]
+        idx = ops.where(valid, idx, ops.full_like(idx, k))
+    return idx
+
+
+@backend_jit(("window",))
+def balanced_assignment(similarity, window, valid=None):
+    """Balanced routing: each centroid takes its ``window`` most similar
+    tokens (the authors' top-w), returned sorted by position.
+
+    Padded tokens are ranked below every real token with a constant
+    similarity, so their content never changes which real tokens are chosen.
+
+    Args:
+        similarity: ``(B, H, k, n)``.
+        window: members per cluster, ``1 <= window <= n``.
+        valid: optional boolean ``(B, n)``; False marks padding.
+
+    Returns:
+        int32 ``(B, H, k, window)`` token positions, ascending in each
+        cluster.
+    """
+    n = similarity.shape[-1]
+    window = int(window)
+    if not 1 <= window <= n:
+        raise ValueError(
+            f"`window` must be in [1, {n}] for a sequence of length {n}. "
+            f"Received: window={window}"
+        )
+    if valid is not None:
+        valid = ops.cast(valid, "bool")[:, None, None, :]
+        similarity = ops.where(valid, similarity, EXCLUDED_SIMILARITY)
+    _, idx = ops.top_k(similarity, window)
+    return ops.sort(ops.cast(idx, "int32"), axis=-1)
+
+
+# --------------------------------------------------------- gather/scatter
+def gather_tokens(x, indices):
+    """Gathers token vectors per head.
+
+    Args:
+        x: ``(B, H, n, d)``.
+        indices: int ``(B, H, ...)`` positions in ``[0, n)``.
+
+    Returns:
+        ``(B, H, ..., d)``.
+    """
+    shape = tuple(indices.shape)
+    flat = ops.reshape(indices, (-1, shape[1], _prod(shape[2:]), 1))
+    out = ops.take_along_axis(x, flat, axis=2)
+    return ops.reshape(out, (-1,) + shape[1:] + (x.shape[-1],))
+
+
+def gather_flags(x, indices):
+    """Gathers per-token scalars: ``x`` ``(B or 1, H or 1, n)``, ``indices``
+    ``(B, H, ...)`` -> ``(B, H, ...)`` (int32)."""
+    shape = tuple(indices.shape)
+    flat = ops.reshape(indices, (-1, shape[1], _prod(shape[2:])))
+    x = ops.cast(x, "int32")
+    if x.shape[1] == 1 and shape[1] != 1:
+        x = ops.repeat(x, shape[1], axis=1)
+    if x.shape[0] == 1:
+        x = ops.broadcast_to(x, (ops.shape(flat)[0],) + tuple(x.shape[1:]))
+    out = ops.take_along_axis(x, flat, axis=2)
+    return ops.reshape(out, (-1,) + shape[1:])
+
+
+def scatter_sum_mean(values, indices, length, weights=None):
+    """Like :func:`scatter_mean`, counting only the rows where ``weights``
+    (boolean ``(B, H, k, w)``, None for all) is True; rows with weight False
+    must hold zeros. Returns the mean only."""
+    if weights is None:
+        return scatter_mean(values, indices, length)[0]
+    H = values.shape[1]
+    dv = values.shape[-1]
+    batch = _dim(values, 0)
+    base = ops.reshape(ops.arange(batch * H, dtype="int32") * length, (-1, H, 1, 1))
+    ids = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
+    num = batch * H * length
+    sums = ops.segment_sum(
+        ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num_segments=num
+    )
+    counts = ops.segment_sum(
+        ops.reshape(ops.cast(weights, "float32"), (-1,)), ids, num_segments=num
+    )
+    mean = sums / ops.maximum(counts, 1.0)[:, None]
+    return ops.reshape(ops.cast(mean, values.dtype), (-1, H, length, dv))
+
+
+@backend_jit(("length",))
+def scatter_mean(values, indices, length):
+    """Mean of the values sent to each position; zeros where none is sent.
+
+    Args:
+        values: ``(B, H, k, w, dv)`` (one row per cluster member).
+        indices: int ``(B, H, k, w)`` positions in ``[0, length)``.
+        length: the sequence length.
+
+    Returns:
+        ``(B, H, length, dv)`` in the dtype of ``values``, and the float32
+        counts ``(B, H, length)``.
+    """
+    H = values.shape[1]
+    dv = values.shape[-1]
+    batch = _dim(values, 0)
+    base = ops.reshape(ops.arange(batch * H, dtype="int32") * length, (-1, H, 1, 1))
+    ids = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
+    num = batch * H * length
+    sums = ops.segment_sum(
+        ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num_segments=num
+    )
+    counts = ops.segment_sum(
+        ops.ones_like(ids, dtype="float32"), ids, num_segments=num
+    )
+    mean = sums / ops.maximum(counts, 1.0)[:, None]
+    mean = ops.reshape(ops.cast(mean, values.dtype), (-1, H, length, dv))
+    return mean, ops.reshape(counts, (-1, H, length))
+
+
+# ------------------------------------------------------------- statistics
+@backend_jit(("num_clusters",))
+def cluster_statistics(x_hat, assignment, num_clusters):
+    """Per-head sums and counts of the tokens assigned to each centroid,
+    over the batch (segment sums; padded tokens, marked ``num_clusters``,
+    are dropped).
+
+    Args:
+        x_hat: ``(B, n, H, d)`` normalised tokens.
+        assignment: int ``(B, H, n)`` in ``[0, num_clusters]``.
+        num_clusters: k.
+
+    Returns:
+        float32 sums ``(H, k, d)`` and counts ``(H, k)``.
+    """
+    H, d = x_hat.shape[2], x_hat.shape[3]
+    k = int(num_clusters)
+    x = ops.transpose(ops.cast(x_hat, "float32"), (0, 2, 1, 3))  # (B, H, n, d)
+    head = ops.reshape(ops.arange(H, dtype="int32") * (k + 1), (1, H, 1))
+    ids = ops.reshape(ops.cast(assignment, "int32") + head, (-1,))
+    sums = ops.segment_sum(ops.reshape(x, (-1, d)), ids, num_segments=H * (k + 1))
+    counts = ops.segment_sum(
+        ops.ones_like(ids, dtype="float32"), ids, num_segments=H * (k + 1)
+    )
+    sums = ops.reshape(sums, (H, k + 1, d))[:, :k]
+    counts = ops.reshape(counts, (H, k + 1))[:, :k]
+    return sums, counts
+
+
+def segment_means(sums, counts):
+    """``sums / counts`` with zeros for empty clusters."""
+    return sums / ops.maximum(counts, 1.0)[..., None]
+
+
+@backend_jit(("decay",))
+def ema_update(centroids, sums, counts, decay):
+    """One mini-batch k-means step by exponential moving average.
+
+    ``mu <- decay * mu + (1 - decay) * mean(assigned)`` for every centroid
+    that was assigned at least one token; empty centroids do not move. The
+    result carries no gradient.
+
+    Args:
+        centroids: ``(H, k, d)``.
+        sums, counts: from :func:`cluster_statistics`.
+        decay: in ``(0, 1)``.
+
+    Returns:
+        float32 ``(H, k, d)``.
+    """
+    centroids = ops.cast(centroids, "float32")
+    means = segment_means(sums, counts)
+    moved = decay * centroids + (1.0 - decay) * means
+    new = ops.where(ops.greater(counts, 0.0)[..., None], moved, centroids)
+    return ops.stop_gradient(new)
+
+
+# ------------------------------------------------- balanced cluster blocks
+@backend_jit(("causal", "exclude_self", "scale", "dropout_fn"))
+def balanced_cluster_attention(
+    query,
+    key,
+    value,
+    query_indices,
+    key_indices,
+    causal=False,
+    key_mask=None,
+    exclude_self=False,
+    scale=None,
+    dropout_fn=None,
+):
+    """Dense attention inside each balanced cluster, averaged per query.
+
+    Cluster ``c`` holds the queries ``query_indices[..., c, :]`` and the keys
+    ``key_indices[..., c, :]``; each of its queries attends to its keys
+    (padding and, when ``causal``, later positions masked by comparing the
+    gathered positions). A query in several clusters gets the mean of its
+    outputs over the clusters in which it sees at least one key; a query in
+    none (or seeing no key) gets zeros. O(k * w^2) per head.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        query_indices: int ``(B, H, k, wq)``, ascending per cluster.
+        key_indices: int ``(B, H, k, wk)``, ascending per cluster.
+        causal: mask keys after the query.
+        key_mask: optional boolean ``(B, S)``; False marks padded keys.
+        exclude_self: a query does not attend to the key at its own
+            position unless no other key is visible (shared query/key).
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(B, T, H, dv)``.
+    """
+    T = query.shape[1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(float(query.shape[-1]))
+    q = ops.transpose(query, (0, 2, 1, 3))
+    k = ops.transpose(key, (0, 2, 1, 3))
+    v = ops.transpose(value, (0, 2, 1, 3))
+    qg = gather_tokens(q, query_indices)  # (B, H, k, wq, d)
+    kg = gather_tokens(k, key_indices)  # (B, H, k, wk, d)
+    vg = gather_tokens(v, key_indices)  # (B, H, k, wk, dv)
+    q_pos = query_indices[..., :, None]
+    k_pos = key_indices[..., None, :]
+    mask = None
+    if key_mask is not None:
+        kv = gather_flags(ops.expand_dims(key_mask, 1), key_indices) > 0
+        mask = kv[..., None, :]
+    if causal:
+        mask = _and(mask, ops.less_equal(k_pos, q_pos))
+    if exclude_self:
+        mask = exclude_self_unless_alone(mask, ops.equal(k_pos, q_pos))
+    qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
+    scores = ops.einsum("bhcqd,bhckd->bhcqk", qg, kg)
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    out = ops.einsum("bhcqk,bhckd->bhcqd", probs, vg)
+    # A query's output is the mean over the clusters in which it sees a key.
+    if mask is None:
+        seen = None
+    else:
+        mask = ops.broadcast_to(mask, ops.shape(scores))
+        seen = ops.any(mask, axis=-1)  # (B, H, k, wq)
+    out = scatter_sum_mean(out, query_indices, T, weights=seen)
+    return ops.transpose(out, (0, 2, 1, 3))
+
+
+@backend_jit(("causal", "exclude_self", "scale"))
+def balanced_cluster_weights(
+    query,
+    key,
+    query_indices,
+    key_indices,
+    causal=False,
+    key_mask=None,
+    exclude_self=False,
+    scale=None,
+    extra_mask=None,
+):
+    """Dense ``(B, H, T, S)`` weights equal to :func:`balanced_cluster_attention`.
+
+    For every cluster, a dense softmax over the whole ``(T, S)`` grid under
+    the cluster's membership mask; the weights of a query are the mean over
+    the clusters that hold it and in which it sees a key (zeros where there
+    is none), so every row sums to 1 or to 0. O(k * T * S):
+    the specification, not a fast path.
+
+    Args:
+        query, key, query_indices, key_indices, causal, key_mask,
+        exclude_self, scale: as :func:`balanced_cluster_attention`.
+        extra_mask: optional boolean mask broadcastable to ``(B, H, T, S)``
+            (e.g. a dense ``attention_mask``), ANDed into every cluster.
+
+    Returns:
+        float32 weights ``(B, H, T, S)``.
+    """
+    T, S = query.shape[1], key.shape[1]
+    num_clusters = query_indices.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(float(query.shape[-1]))
+    query = ops.multiply(query, ops.cast(scale, query.dtype))
+    scores = ops.einsum("bthd,bshd->bhts", query, key)
+    q_member = membership(query_indices, T)  # (B, H, k, T)
+    k_member = membership(key_indices, S)  # (B, H, k, S)
+    base = extra_mask
+    if key_mask is not None:
+        base = _and(base, ops.cast(key_mask, "bool")[:, None, None, :])
+    q_pos = ops.arange(T, dtype="int32")[:, None]
+    k_pos = ops.arange(S, dtype="int32")[None, :]
+    if causal:
+        base = _and(base, ops.less_equal(k_pos, q_pos)[None, None])
+    total = None
+    counts = None
+    for c in range(num_clusters):
+        mask = ops.logical_and(
+            q_member[:, :, c, :, None], k_member[:, :, c, None, :]
+        )
+        mask = _and(mask, base)
+        if exclude_self:
+            mask = exclude_self_unless_alone(
+                mask, ops.equal(k_pos, q_pos)[None, None]
+            )
+        probs = ops.cast(masked_softmax(scores, mask, axis=-1), "float32")
+        seen = ops.cast(ops.any(mask, axis=-1), "float32")  # (B, H, T)
+        total = probs if total is None else total + probs
+        counts = seen if counts is None else counts + seen
+    # Mean over the clusters in which the query sees at least one key.
+    return total / ops.maximum(counts, 1.0)[..., None]
+
+
+def membership(indices, length):
+    """Boolean ``(B, H, k, length)``: position ``i`` is in cluster ``c``.
+    O(k * w * length)."""
+    hits = ops.equal(indices[..., None], ops.arange(length, dtype="int32"))
+    return ops.any(hits, axis=-2)
+
+
+# ---------------------------------------------------- token routing blocks
+def cluster_window_layout(item_clusters, item_keys, num_clusters, window):
+    """Lays the items of each cluster out in chunk-aligned slots.
+
+    Items (queries and/or keys) are sorted by ``item_keys`` (cluster first,
+    then position); cluster ``c`` gets ``ceil(n_c / window)`` whole chunks of
+    ``window`` slots, so that a chunk never mixes clusters. Items of cluster
+    ``num_clusters`` (padding) get no slot. The buffer has a static size of
+    ``(ceil(N / window) + num_clusters) * window`` slots.
+
+    Args:
+        item_clusters: int ``(B, H, N)`` in ``[0, num_clusters]``.
+        item_keys: int ``(B, H, N)`` unique sort keys, increasing with the
+            cluster.
+        num_clusters: k.
+        window: chunk size.
+
+    Returns:
+        A dict with int32 ``source`` ``(B, H, L)`` (item of each slot),
+        boolean ``filled`` ``(B, H, L)``, int32 ``cluster`` ``(B, H, L)``
+        (-1 for empty slots), int32 ``slot`` ``(B, H, N)`` (slot of each
+        item, clipped) and boolean ``placed`` ``(B, H, N)``.
+    """
+    k = int(num_clusters)
+    w = int(window)
+    N = item_clusters.shape[-1]
+    item_clusters = ops.cast(item_clusters, "int32")
+    order = ops.cast(ops.argsort(item_keys, axis=-1), "int32")  # (B, H, N)
+    sorted_clusters = ops.take_along_axis(item_clusters, order, axis=-1)
+    ids = ops.arange(k, dtype="int32")
+    counts = ops.sum(
+        ops.cast(ops.equal(item_clusters[..., None], ids), "int32"), axis=2
+    )  # (B, H, k)
+    start = ops.cumsum(counts, axis=-1) - counts
+    chunks = (counts + (w - 1)) // w
+    base = ops.cumsum(chunks, axis=-1) - chunks  # first chunk of each cluster
+    num_chunks = -(-N // w) + k
+    g = ops.arange(num_chunks, dtype="int32")
+    # Cluster owning chunk g: the last cluster whose first chunk is <= g.
+    chunk_cluster = (
+        ops.sum(ops.cast(ops.less_equal(base[..., None, :], g[:, None]), "int32"), axis=-1)
+        - 1
+    )  # (B, H, G)
+    chunk_base = ops.take_along_axis(base, chunk_cluster, axis=-1)
+    offsets = ops.arange(w, dtype="int32")
+    rank = (g - chunk_base)[..., None] * w + offsets  # (B, H, G, w)
+    cluster = ops.repeat(chunk_cluster[..., None], w, axis=-1)
+    H = item_clusters.shape[1]
+    rank = ops.reshape(rank, (-1, H, num_chunks * w))
+    cluster = ops.reshape(cluster, (-1, H, num_chunks * w))
+    filled = ops.less(rank, ops.take_along_axis(counts, cluster, axis=-1))
+    sorted_index = ops.clip(
+        ops.take_along_axis(start, cluster, axis=-1) + rank, 0, N - 1
+    )
+    source = ops.take_along_axis(order, sorted_index, axis=-1)
+    cluster = ops.where(filled, cluster, -1)
+    # Slot of every item (inverse of the layout).
+    safe = ops.minimum(sorted_clusters, k - 1)
+    sorted_rank = ops.arange(N, dtype="int32") - ops.take_along_axis(start, safe, axis=-1)
+    slot_sorted = ops.take_along_axis(base, safe, axis=-1) * w + sorted_rank
+    inverse = ops.cast(ops.argsort(order, axis=-1), "int32")
+    slot = ops.take_along_axis(slot_sorted, inverse, axis=-1)
+    placed = ops.less(item_clusters, k)
+    slot = ops.where(placed, ops.clip(slot, 0, num_chunks * w - 1), 0)
+    return {
+        "source": source,
+        "filled": filled,
+        "cluster": cluster,
+        "slot": slot,
+        "placed": placed,
+    }
+
+
+@backend_jit(("num_clusters", "window", "shared", "scale", "dropout_fn"))
+def clustered_window_attention(
+    query,
+    key,
+    value,
+    query_clusters,
+    key_clusters,
+    num_clusters,
+    window,
+    shared=False,
+    scale=None,
+    dropout_fn=None,
+):
+    """Strictly causal attention inside nearest-centroid clusters.
+
+    Each query and each key belongs to the cluster in ``query_clusters`` /
+    ``key_clusters`` (``num_clusters`` marks padding: such a key is never
+    seen, such a query gets zeros). Inside a cluster, queries and keys are
+    ordered by position (the key of a position before its query) and cut into
+    chunks of ``window`` members; a query attends to the keys of its own and
+    of the previous chunk whose position is not after its own. Which keys a
+    query sees depends only on tokens at or before it. With ``shared=True``
+    (shared query/key, ``T == S``) every token is one member, both query and
+    key, and does not attend to itself unless nothing else is visible.
+    Computed as dense ``window x 2 window`` blocks over a chunk-aligned
+    buffer: O(n * window * d), no ``(T, S)`` tensor. The buffer holds up to
+    ``N + k * window`` slots for ``N`` members (``N = T`` shared, ``T + S``
+    otherwise), so about ``4 n w`` (shared) to ``6 n w`` scores are
+    evaluated, against ``n w`` for balanced routing; the layout itself costs
+    two sorts of ``N`` members and O(N * k) integer comparisons.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        query_clusters: int ``(B, H, T)`` in ``[0, num_clusters]``.
+        key_clusters: int ``(B, H, S)`` in ``[0, num_clusters]`` (ignored
+            when ``shared``).
+        num_clusters: k.
+        window: chunk size (members).
+        shared: queries and keys are the same tokens.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(B, T, H, dv)``.
+    """
+    T, S = query.shape[1], key.shape[1]
+    H = query.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(float(query.shape[-1]))
+    w = int(window)
+    q = ops.transpose(query, (0, 2, 1, 3))
+    k = ops.transpose(key, (0, 2, 1, 3))
+    v = ops.transpose(value, (0, 2, 1, 3))
+    query_clusters = ops.cast(query_clusters, "int32")
+    if shared:
+        if T != S:
+            raise ValueError(
+                "Shared query/key routing needs as many keys as queries. "
+                f"Received: query length {T}, key length {S}"
+            )
+        item_clusters = query_clusters
+        positions = ops.arange(T, dtype="int32")
+        item_keys = item_clusters * T + positions
+        layout = cluster_window_layout(item_clusters, item_keys, num_clusters, w)
+        src = layout["source"]
+        q_buf = gather_tokens(q, src)
+        k_buf = gather_tokens(k, src)
+        v_buf = gather_tokens(v, src)
+        pos = src
+        is_query = layout["filled"]
+        is_key = layout["filled"]
+    else:
+        key_clusters = ops.cast(key_clusters, "int32")
+        P = max(T, S)
+        item_clusters = ops.concatenate([query_clusters, key_clusters], axis=-1)
+        q_pos = ops.arange(T, dtype="int32")
+        k_pos = ops.arange(S, dtype="int32")
+        positions = ops.concatenate([q_pos, k_pos], axis=0)
+        kind = ops.concatenate(
+            [ops.ones((T,), "int32"), ops.zeros((S,), "int32")], axis=0
+        )  # 1 = query; a key sorts before the query of its position
+        item_keys = item_clusters * (2 * P) + 2 * positions + kind
+        layout = cluster_window_layout(item_clusters, item_keys, num_clusters, w)
+        src = layout["source"]
+        is_q_item = ops.less(src, T)
+        q_buf = gather_tokens(q, ops.clip(src, 0, T - 1))
+        k_buf = gather_tokens(k, ops.clip(src - T, 0, S - 1))
+        v_buf = gather_tokens(v, ops.clip(src - T, 0, S - 1))
+        pos = ops.where(is_q_item, src, src - T)
+        is_query = ops.logical_and(layout["filled"], is_q_item)
+        is_key = ops.logical_and(layout["filled"], ops.logical_not(is_q_item))
+    L = src.shape[-1]
+    G = L // w
+    cluster = layout["cluster"]
+
+    def blocks(x):
+        return ops.reshape(x, (-1, H, G, w) + tuple(x.shape[3:]))
+
+    def context(x, fill=0):
+        # Each chunk preceded by the previous one: (B, H, G, 2w, ...).
+        x = blocks(x)
+        first = ops.full_like(x[:, :, :1], fill)
+        prev = ops.concatenate([first, x[:, :, :-1]], axis=2)
+        return ops.concatenate([prev, x], axis=3)
+
+    qb = blocks(q_buf)
+    kb = context(k_buf)
+    vb = context(v_buf)
+    row_cluster = blocks(cluster)
+    row_pos = blocks(pos)
+    row_src = blocks(src)
+    col_cluster = context(ops.where(is_key, cluster, -2), fill=-2)
+    col_pos = context(pos)
+    col_src = context(src)
+    mask = ops.logical_and(
+        ops.equal(row_cluster[..., :, None], col_cluster[..., None, :]),
+        ops.less_equal(col_pos[..., None, :], row_pos[..., :, None]),
+    )
+    mask = ops.logical_and(mask, blocks(is_query)[..., :, None])
+    if shared:
+        mask = exclude_self_unless_alone(
+            mask, ops.equal(row_src[..., :, None], col_src[..., None, :])
+        )
+    qb = ops.multiply(qb, ops.cast(scale, qb.dtype))
+    scores = ops.einsum("bhgqd,bhgkd->bhgqk", qb, kb)
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vb)
+    out = ops.reshape(out, (-1, H, L, out.shape[-1]))
+    slot = layout["slot"][..., :T]
+    placed = layout["placed"][..., :T]
+    out = ops.take_along_axis(out, slot[..., None], axis=2)  # (B, H, T, dv)
+    out = ops.where(placed[..., None], out, ops.zeros_like(out))
+    return ops.transpose(out, (0, 2, 1, 3))
+
+
+@backend_jit(("num_clusters", "window", "shared"))
+def clustered_window_mask(query_clusters, key_clusters, num_clusters, window, shared=False):
+    """Dense boolean ``(B, H, T, S)`` mask of :func:`clustered_window_attention`
+    (without the self rule of ``shared``), from ranks counted densely.
+
+    O(T * S): for the reference path and tests.
+    """
+    k = int(num_clusters)
+    w = int(window)
+    cq = ops.cast(query_clusters, "int32")
+    T = cq.shape[-1]
+    t_pos = ops.arange(T, dtype="int32")
+    if shared:
+        same = ops.equal(cq[..., :, None], cq[..., None, :])  # (B, H, T, T)
+        before = ops.less(t_pos[None, :], t_pos[:, None])  # [i, j]: j < i
+        rank_q = ops.sum(ops.cast(ops.logical_and(same, before), "int32"), axis=-1)
+        rank_k = rank_q
+        ck = cq
+        S = T
+    else:
+        ck = ops.cast(key_clusters, "int32")
+        S = ck.shape[-1]
+        s_pos = ops.arange(S, dtype="int32")
+        qq = ops.equal(cq[..., :, None], cq[..., None, :])  # (B, H, T, T)
+        qk = ops.equal(cq[..., :, None], ck[..., None, :])  # (B, H, T, S)
+        kk = ops.equal(ck[..., :, None], ck[..., None, :])  # (B, H, S, S)
+        q_before_q = ops.less(t_pos[None, :], t_pos[:, None])  # [t, t']: t' < t
+        k_upto_q = ops.less_equal(s_pos[None, :], t_pos[:, None])  # [t, j]: j <= t
+        k_before_k = ops.less(s_pos[None, :], s_pos[:, None])  # [j, j']: j' < j
+        q_before_k = ops.less(t_pos[None, :], s_pos[:, None])  # [j, t']: t' < j
+        rank_q = ops.sum(ops.cast(ops.logical_and(qq, q_before_q), "int32"), axis=-1)
+        rank_q = rank_q + ops.sum(ops.cast(ops.logical_and(qk, k_upto_q), "int32"), axis=-1)
+        rank_k = ops.sum(ops.cast(ops.logical_and(kk, k_before_k), "int32"), axis=-1)
+        kq = ops.transpose(qk, (0, 1, 3, 2))  # (B, H, S, T)
+        rank_k = rank_k + ops.sum(ops.cast(ops.logical_and(kq, q_before_k), "int32"), axis=-1)
+    chunk_q = rank_q // w
+    chunk_k = rank_k // w
+    s_pos = ops.arange(S, dtype="int32")
+    mask = ops.logical_and(
+        ops.equal(cq[..., :, None], ck[..., None, :]),
+        ops.less(cq, k)[..., :, None],
+    )
+    mask = ops.logical_and(mask, ops.less_equal(s_pos[None, :], t_pos[:, None])[None, None])
+    mask = ops.logical_and(
+        mask, ops.greater_equal(chunk_k[..., None, :], chunk_q[..., :, None] - 1)
+    )
+    return mask
+
+
+# ------------------------------------------------------------------ masks
+def exclude_self_unless_alone(mask, is_self):
+    """Removes the ``is_self`` entries of every row of ``mask`` that has
+    another visible entry (shared query/key attention)."""
+    if mask is None:
+        mask = ops.ones_like(is_self, dtype="bool")
+    mask = ops.logical_and(
+        ops.cast(mask, "bool"), ops.ones_like(is_self, dtype="bool")
+    )
+    others = ops.logical_and(mask, ops.logical_not(is_self))
+    has_other = ops.any(others, axis=-1, keepdims=True)
+    return ops.where(has_other, others, mask)
+
+
+def _and(a, b):
+    if a is None:
+        return None if b is None else ops.cast(b, "bool")
+    if b is None:
+        return ops.cast(a, "bool")
+    return ops.logical_and(ops.cast(a, "bool"), ops.cast(b, "bool"))
+
+
+def _prod(values):
+    result = 1
+    for v in values:
+        result *= int(v)
+    return result
+
+
+def _dim(x, axis):
+    """Static size of ``x`` along ``axis`` when known, else a tensor."""
+    size = x.shape[axis]
+    return size if size is not None else ops.shape(x)[axis]
