@@ -84,18 +84,7 @@ class LocalAttention(BaseAttention):
         return None
 
     def _attention_blocked_fused(self, query, key, value, context):
-        look_back, look_ahead = self.extents(context.causal)
-        return la_ops.local_attention(
-            query,
-            key,
-            value,
-            look_back,
-            look_ahead,
-            block_size=self.block_size,
-            key_mask=context.padding.key_mask,
-            scale=self._inverse_sqrt_key_dim,
-            fused=True,
-        )
+        return self._blocked(query, key, value, context, fused=True)
 
     def __init__(
         self,
@@ -142,6 +131,9 @@ class LocalAttention(BaseAttention):
         return la_ops.LocalPattern(*self.extents(causal))
 
     def _attention_blocked(self, query, key, value, context):
+        return self._blocked(query, key, value, context, fused=False)
+
+    def _blocked(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)
         return la_ops.local_attention(
             query,
@@ -152,7 +144,8 @@ class LocalAttention(BaseAttention):
             block_size=self.block_size,
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
-            dropout_fn=self._dropout_fn(context.training),
+            dropout_fn=None if fused else self._dropout_fn(context.training),
+            fused=fused,
         )
 
     def get_config(self):
