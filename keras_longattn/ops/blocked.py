@@ -118,20 +118,7 @@ def blocked_band_attention(
         km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
         valid = ops.logical_and(valid, km)  # (B or 1, N)
 
-    q = ops.reshape(query, (-1, n, b, H, d))
-    k = _band(ops.reshape(key, (-1, n, b, H, d)), nb, na)  # (B, n, C, H, d)
-    v = _band(ops.reshape(value, (-1, n, b, H, dv)), nb, na)
-    kv_valid = _band(ops.reshape(valid, (-1, n, b)), nb, na, fill=False)  # (B, n, C)
-
-    # Absolute positions of the queries and of the band's keys.
-    q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
-    block_start = ops.arange(n, dtype="int32") * b  # (n,)
-    offsets = ops.arange(C, dtype="int32") - nb * b  # (C,)
-    k_pos = block_start[:, None] + offsets[None, :]  # (n, C)
-    allowed = pattern.allowed(q_pos[:, :, None], k_pos[:, None, :])  # (n, b, C)
-    allowed = ops.broadcast_to(allowed, (n, b, C))
-    # (B, n, b, C): pattern AND key validity.
-    mask = ops.logical_and(allowed[None], kv_valid[:, :, None, :])
+    q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, nb, na)
 
     if fused:
         out = _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv)
@@ -146,6 +133,45 @@ def blocked_band_attention(
         out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
     out = ops.reshape(out, (-1, N, H, dv))
     return out[:, :T]
+
+
+def band_blocks(query, key, value, valid, pattern, block_size, before, after):
+    """Lays a padded sequence out as query blocks and their key bands.
+
+    Args:
+        query: ``(B, N, H, d)`` with ``N`` a multiple of ``block_size``.
+        key: ``(B, N, H, d)``.
+        value: ``(B, N, H, dv)``.
+        valid: boolean ``(B or 1, N)``, False for padded keys.
+        pattern: the :class:`AttentionPattern` evaluated on every
+            (query, key) pair of the layout.
+        block_size: ``b``, positions per block.
+        before: key blocks before each query block.
+        after: key blocks after each query block.
+
+    Returns:
+        ``q`` ``(B, n, b, H, d)``, ``k`` ``(B, n, C, H, d)``, ``v``
+        ``(B, n, C, H, dv)`` and ``mask`` ``(B, n, b, C)`` (pattern AND key
+        validity), with ``C = (before + 1 + after) * b``.
+    """
+    b = block_size
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    n = N // b
+    C = (before + 1 + after) * b
+    q = ops.reshape(query, (-1, n, b, H, d))
+    k = _band(ops.reshape(key, (-1, n, b, H, d)), before, after)
+    v = _band(ops.reshape(value, (-1, n, b, H, dv)), before, after)
+    kv_valid = _band(ops.reshape(valid, (-1, n, b)), before, after, fill=False)  # (B, n, C)
+    # Absolute positions of the queries and of the band's keys.
+    q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
+    block_start = ops.arange(n, dtype="int32") * b  # (n,)
+    offsets = ops.arange(C, dtype="int32") - before * b  # (C,)
+    k_pos = block_start[:, None] + offsets[None, :]  # (n, C)
+    allowed = pattern.allowed(q_pos[:, :, None], k_pos[:, None, :])  # (n, b, C)
+    allowed = ops.broadcast_to(allowed, (n, b, C))
+    mask = ops.logical_and(allowed[None], kv_valid[:, :, None, :])  # (B, n, b, C)
+    return q, k, v, mask
 
 
 def _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv):

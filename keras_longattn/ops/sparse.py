@@ -41,7 +41,7 @@ import numbers
 import numpy as np
 from keras import ops
 
-from keras_longattn.ops.blocked import _band
+from keras_longattn.ops.blocked import band_blocks
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import CausalPattern
@@ -408,20 +408,9 @@ def softmax_with_lse(scores, mask):
 def _band_part(query, key, value, valid, pattern, l, before, after, dropout_fn):
     """Each block of ``l`` queries against its own key block and ``before``
     / ``after`` neighbouring blocks (strided A, fixed A). O(N * l)."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
-    dv = value.shape[3]
-    m = N // l
-    q = ops.reshape(query, (-1, m, l, H, d))
-    k = _band(ops.reshape(key, (-1, m, l, H, d)), before, after)  # (B, m, C, H, d)
-    v = _band(ops.reshape(value, (-1, m, l, H, dv)), before, after)
-    kv_valid = _band(ops.reshape(valid, (-1, m, l)), before, after, fill=False)  # (B, m, C)
-    starts = np.arange(m, dtype="int32")[:, None] * l
-    q_pos = starts + np.arange(l, dtype="int32")  # (m, l)
-    k_pos = starts + np.arange(-before * l, (1 + after) * l, dtype="int32")  # (m, C)
-    allowed = pattern.allowed(
-        _positions(q_pos[None, :, None, :, None]), _positions(k_pos[None, :, None, None, :])
-    )  # (1, m, 1, l, C)
-    mask = ops.logical_and(allowed, kv_valid[:, :, None, None, :])  # (B, m, 1, l, C)
+    N, H, dv = query.shape[1], query.shape[2], value.shape[3]
+    q, k, v, mask = band_blocks(query, key, value, valid, pattern, l, before, after)
+    mask = mask[:, :, None]  # (B, m, 1, l, C): the same mask for every head
     # (B, m, l, H, d) x (B, m, C, H, d) -> (B, m, H, l, C)
     scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
     probs, lse = softmax_with_lse(scores, mask)  # lse: (B, m, H, l)
