@@ -6,6 +6,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 
 try:  # Keras keeps this helper private; fall back to the attribute.
@@ -613,14 +614,6 @@ class BaseAttention(keras.layers.Layer):
         layer.build(*[(None, None, int(d)) for d in dims])
         layer.set_weights(mha.get_weights())
         return layer
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
-        )
-    return int(value)
 
 
 def _check_mask(name, mask, expected, legend):

@@ -1,10 +1,10 @@
 """Exact sliding-window attention computed block by block."""
 
-import numbers
 
 import keras
 
 from keras_longattn import ops as la_ops
+from keras_longattn._validation import positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 
 
@@ -107,19 +107,10 @@ class LocalAttention(BaseAttention):
         # Validates every combination now rather than at call time.
         la_ops.resolve_window(window, look_back, look_ahead, causal=True)
         la_ops.resolve_window(window, look_back, look_ahead, causal=False)
-        if block_size is not None and (
-            isinstance(block_size, bool)
-            or not isinstance(block_size, numbers.Integral)
-            or block_size < 1
-        ):
-            raise ValueError(
-                "`block_size` must be a positive integer. "
-                f"Received: block_size={block_size!r}"
-            )
         self.window = window
         self.look_back = look_back
         self.look_ahead = look_ahead
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = positive_int("block_size", block_size, allow_none=True)
 
     def extents(self, causal):
         """``(look_back, look_ahead)`` of a causal or bidirectional call."""

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
@@ -218,8 +219,8 @@ class RoutingAttention(BaseAttention):
         **kwargs,
     ):
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
-        self.num_clusters = _optional_positive_int("num_clusters", num_clusters)
-        self.window = _optional_positive_int("window", window)
+        self.num_clusters = _positive_int("num_clusters", num_clusters, allow_none=True)
+        self.window = _positive_int("window", window, allow_none=True)
         if (
             isinstance(local_heads, bool)
             or not isinstance(local_heads, numbers.Integral)
@@ -230,7 +231,7 @@ class RoutingAttention(BaseAttention):
                 f"Received: local_heads={local_heads!r}"
             )
         self.local_heads = int(local_heads)
-        self.local_window = _optional_positive_int("local_window", local_window)
+        self.local_window = _positive_int("local_window", local_window, allow_none=True)
         if (
             isinstance(ema_decay, bool)
             or not isinstance(ema_decay, numbers.Real)
@@ -699,13 +700,3 @@ def _is_training(training):
         return bool(training)
     except Exception:  # a symbolic flag: Keras passes Python bools in fit
         return False
-
-
-def _optional_positive_int(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer or None. Received: {name}={value!r}"
-        )
-    return int(value)

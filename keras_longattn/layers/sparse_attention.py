@@ -1,10 +1,10 @@
 """Factorized sparse attention of the Sparse Transformer (Child et al. 2019)."""
 
-import numbers
 
 import keras
 from keras import ops
 
+from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.ops import sparse as la_sparse
@@ -139,8 +139,8 @@ class SparseAttention(BaseAttention):
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         la_sparse.check_sparse_pattern(pattern)
         la_sparse.check_sparse_combination(combination)
-        block_length = _optional_positive_int("block_length", block_length)
-        summary_width = _optional_positive_int("summary_width", summary_width)
+        block_length = _positive_int("block_length", block_length, allow_none=True)
+        summary_width = _positive_int("summary_width", summary_width, allow_none=True)
         if summary_width is not None and pattern != "fixed":
             raise ValueError(
                 "`summary_width` only applies to pattern='fixed'. "
@@ -271,13 +271,3 @@ class SparseAttention(BaseAttention):
             }
         )
         return config
-
-
-def _optional_positive_int(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer or None. Received: {name}={value!r}"
-        )
-    return int(value)

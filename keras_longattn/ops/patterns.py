@@ -15,9 +15,11 @@ Patterns compose with ``&`` (both allow) and ``|`` (either allows).
 Shape legend: B batch, T query length, S key length.
 """
 
-import numbers
 
 from keras import ops
+
+from keras_longattn._validation import non_negative_int as _check_non_negative_int
+from keras_longattn._validation import positive_int as _check_positive_int
 
 
 class AttentionPattern:
@@ -261,20 +263,3 @@ def combine_dense_masks(*masks):
         m = ops.cast(m, "bool")
         result = m if result is None else ops.logical_and(result, m)
     return result
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
-        )
-    return int(value)
-
-
-def _check_non_negative_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(
-            f"`{name}` must be a non-negative integer. "
-            f"Received: {name}={value!r}"
-        )
-    return int(value)

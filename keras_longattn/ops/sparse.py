@@ -36,11 +36,11 @@ length, c summary width.
 """
 
 import math
-import numbers
 
 import numpy as np
 from keras import ops
 
+from keras_longattn._validation import positive_int as _check_positive_int
 from keras_longattn.ops.blocked import band_blocks
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.patterns import AttentionPattern
@@ -481,14 +481,6 @@ def _positions(array):
 
 
 # ---------------------------------------------------------------- helpers
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
-        )
-    return int(value)
-
-
 def _check_summary_width(summary_width, block_length):
     if summary_width >= block_length:
         raise ValueError(

@@ -1,0 +1,23 @@
+"""Argument checks shared by the layers and ops: each error names the
+argument and the value received."""
+
+import numbers
+
+
+def positive_int(name, value, allow_none=False):
+    """``value`` as an int >= 1 (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        kind = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"`{name}` must be {kind}. Received: {name}={value!r}")
+    return int(value)
+
+
+def non_negative_int(name, value):
+    """``value`` as an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(
+            f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
+        )
+    return int(value)
