@@ -240,7 +240,7 @@ def _peak_mib(row):
 
 def benchmark_table(rows, baseline) -> str:
     """The results of one backend as a markdown table, one row per configuration."""
-    header = ["layer", "n", "mode", "median ms"]
+    header = ["layer", "n", "causal", "mode", "median ms"]
     if baseline:
         header.append("speed-up")
     header.append("peak MiB")
@@ -250,12 +250,18 @@ def benchmark_table(rows, baseline) -> str:
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join("---" if h in ("layer", "mode", "status") else "---:"
                             for h in header) + "|"]
-    order = sorted(rows, key=lambda r: (str(r.get("mode")), r.get("seq_len") or 0,
+    order = sorted(rows, key=lambda r: (str(r.get("scope", "layer")), str(r.get("mode")),
+                                        not r.get("causal", True), r.get("seq_len") or 0,
                                         str(r.get("layer"))))
     for row in order:
         ok = row.get("status") == "ok"
         n = row.get("seq_len")
-        cells = [f"`{row.get('layer')}`", f"{n:,}" if isinstance(n, int) else str(n),
+        label = f"`{row.get('layer')}`"
+        if row.get("scope", "layer") != "layer":
+            label += f" ({row.get('scope')} only)"
+        causal = row.get("causal", True)
+        cells = [label, f"{n:,}" if isinstance(n, int) else str(n),
+                 "yes" if causal else "no",
                  str(row.get("mode")), _num(row.get("median_ms")) if ok else DASH]
         if baseline:
             cells.append(_ratio(row, "time_ratio", "x"))
@@ -277,8 +283,10 @@ def benchmark_tables(rows, baseline) -> str:
 
 
 def benchmark_plot(rows, path: Path) -> Path | None:
-    """Median time and peak memory against n, one panel row per mode."""
-    ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("seq_len"), int)]
+    """Median time and peak memory against n, one panel row per mode (causal,
+    whole-layer runs only: the other runs are in the tables)."""
+    ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("seq_len"), int)
+          and r.get("causal", True) and r.get("scope", "layer") == "layer"]
     if not ok:
         return None
     plt = _pyplot()
@@ -320,7 +328,7 @@ def benchmark_plot(rows, path: Path) -> Path | None:
 
 def _config_cells(config) -> str:
     keys = ("layers", "lengths", "backends", "modes", "batch", "num_heads", "head_dim",
-            "window", "causal", "repeats", "warmup", "options", "tf_jit", "baseline")
+            "window", "causal", "scope", "repeats", "warmup", "options", "tf_jit", "baseline")
     return ", ".join(f"`{k}={config[k]!r}`" for k in keys if k in config)
 
 

@@ -106,6 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="window of the layers that take one, e.g. local (256)")
     what.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                       help="causal attention (default: causal)")
+    what.add_argument("--scope", choices=("layer", "attention"), default="layer",
+                      help="what is timed: the whole layer, projections included "
+                           "(default), or only the attention between the projections "
+                           "(BaseAttention.attend on projected heads; keras_longattn "
+                           "layers only)")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                       type=_argument_type(parse_option, "--option"),
                       help="layer constructor option, repeatable; NAME applies to every "
@@ -163,6 +168,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
             head_dim=args.head_dim,
             window=args.window,
             causal=args.causal,
+            scope=args.scope,
             repeats=args.repeats,
             warmup=args.warmup,
             timeout=args.timeout,

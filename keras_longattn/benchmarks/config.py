@@ -225,6 +225,19 @@ def _positive_float(argument: str, value: Any) -> float:
     return float(value)
 
 
+#: What a configuration times: the whole layer (projections included) or the
+#: attention between the projections only (``BaseAttention.attend``).
+SCOPES = ("layer", "attention")
+
+
+def _scope(value: Any) -> str:
+    if value not in SCOPES:
+        raise BenchmarkArgumentError(
+            "scope", f"must be one of {', '.join(SCOPES)}; received {value!r}"
+        )
+    return value
+
+
 @dataclass
 class BenchmarkConfig:
     """A complete, validated benchmark request (see :func:`run_benchmark`).
@@ -242,6 +255,7 @@ class BenchmarkConfig:
     head_dim: int = 64
     window: int = 256
     causal: bool = True
+    scope: str = "layer"
     repeats: int = 5
     warmup: int = 1
     timeout: float = 600.0
@@ -263,6 +277,7 @@ class BenchmarkConfig:
         head_dim: int = 64,
         window: int = 256,
         causal: bool = True,
+        scope: str = "layer",
         repeats: int = 5,
         warmup: int = 1,
         timeout: float = 600.0,
@@ -292,6 +307,7 @@ class BenchmarkConfig:
             head_dim=_positive_int("head_dim", head_dim),
             window=_positive_int("window", window),
             causal=bool(causal),
+            scope=_scope(scope),
             repeats=_positive_int("repeats", repeats),
             warmup=_positive_int("warmup", warmup, minimum=0),
             timeout=_positive_float("timeout", timeout),

@@ -47,6 +47,9 @@ __all__ = [
     "reset_ignored_options",
     "full_attention",
     "local_attention",
+    "sparse_strided_attention",
+    "sparse_fixed_attention",
+    "routing_attention",
     "keras_multi_head_attention",
 ]
 
@@ -336,6 +339,39 @@ def local_attention(num_heads: int, key_dim: int, seq_len: int, options: dict):
     return construct_layer(cls, num_heads, key_dim, options, window=window)
 
 
+def _sparse(pattern: str, num_heads: int, key_dim: int, options: dict):
+    cls = _project_layer("SparseAttention", f"sparse-{pattern}")
+    options = dict(options)
+    options.pop("window", None)  # the benchmark's window is for local layers
+    options.setdefault("block_length", 128)
+    return construct_layer(cls, num_heads, key_dim, options, pattern=pattern)
+
+
+def sparse_strided_attention(num_heads: int, key_dim: int, seq_len: int, options: dict):
+    """``keras_longattn.layers.SparseAttention(pattern="strided")``, ``block_length`` 128."""
+    return _sparse("strided", num_heads, key_dim, options)
+
+
+def sparse_fixed_attention(num_heads: int, key_dim: int, seq_len: int, options: dict):
+    """``keras_longattn.layers.SparseAttention(pattern="fixed")``, ``block_length`` 128."""
+    return _sparse("fixed", num_heads, key_dim, options)
+
+
+def routing_attention(num_heads: int, key_dim: int, seq_len: int, options: dict):
+    """``keras_longattn.layers.RoutingAttention`` with ``num_clusters`` about sqrt(n).
+
+    The benchmark's ``window`` is meant for local layers and is not passed;
+    the routing window defaults to ``n / num_clusters``.
+    """
+    cls = _project_layer("RoutingAttention", "routing")
+    options = dict(options)
+    options.pop("window", None)
+    if "routing_window" in options:
+        options["window"] = options.pop("routing_window")
+    options.setdefault("num_clusters", max(1, int(round(seq_len**0.5))))
+    return construct_layer(cls, num_heads, key_dim, options)
+
+
 def keras_multi_head_attention(num_heads: int, key_dim: int, seq_len: int, options: dict):
     """``keras.layers.MultiHeadAttention``: the Keras baseline."""
     import keras
@@ -346,6 +382,21 @@ def keras_multi_head_attention(num_heads: int, key_dim: int, seq_len: int, optio
 _BUILTIN = (
     ("full", full_attention, "keras_longattn FullAttention (exact; the ratio baseline)"),
     ("local", local_attention, "keras_longattn LocalAttention (sliding window, --window)"),
+    (
+        "sparse-strided",
+        sparse_strided_attention,
+        "keras_longattn SparseAttention, strided pattern (block_length 128)",
+    ),
+    (
+        "sparse-fixed",
+        sparse_fixed_attention,
+        "keras_longattn SparseAttention, fixed pattern (block_length 128)",
+    ),
+    (
+        "routing",
+        routing_attention,
+        "keras_longattn RoutingAttention (num_clusters ~ sqrt(n))",
+    ),
     ("mha", keras_multi_head_attention, "keras.layers.MultiHeadAttention (Keras baseline)"),
 )
 

@@ -56,6 +56,7 @@ CSV_COLUMNS = (
     "num_heads",
     "head_dim",
     "causal",
+    "scope",
     "status",
     "median_ms",
     "mean_ms",

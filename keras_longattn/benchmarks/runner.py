@@ -380,6 +380,7 @@ def plan_jobs(config: BenchmarkConfig) -> list[dict[str, Any]]:
                         "num_heads": config.num_heads,
                         "head_dim": config.head_dim,
                         "causal": config.causal,
+                        "scope": config.scope,
                         "repeats": config.repeats,
                         "warmup": config.warmup,
                         "options": options,
@@ -505,6 +506,7 @@ def run_benchmark(
     tf_jit: bool = True,
     baseline: str | None = "full",
     seed: int = 0,
+    scope: str = "layer",
     output_dir: str | os.PathLike | None = None,
     progress: bool | Progress = False,
 ) -> BenchmarkResults:
@@ -532,6 +534,9 @@ def run_benchmark(
         baseline: layer the ratios compare with (added to ``layers`` when
             missing); ``None`` for no ratios.
         seed: seed of the inputs and the weights.
+        scope: ``"layer"`` times the whole layer (projections included);
+            ``"attention"`` times only ``layer.attend`` on projected heads,
+            which excludes the four projections every layer shares.
         output_dir: when given, write the JSON and CSV reports there.
         progress: ``True`` for the progress display on stderr, or a
             :class:`~keras_longattn.benchmarks.progress.Progress`.
@@ -548,7 +553,7 @@ def run_benchmark(
         layers=layers, lengths=lengths, backends=backends, modes=modes, batch=batch,
         num_heads=num_heads, head_dim=head_dim, window=window, causal=causal,
         repeats=repeats, warmup=warmup, timeout=timeout, memory_limit_gb=memory_limit_gb,
-        options=options, tf_jit=tf_jit, baseline=baseline, seed=seed,
+        options=options, tf_jit=tf_jit, baseline=baseline, seed=seed, scope=scope,
     )
     if isinstance(progress, Progress):
         display = progress

@@ -25,6 +25,13 @@ What is timed, per backend:
   uses ``torch.autograd.grad`` for the same gradients; on CUDA each call ends
   with ``torch.cuda.synchronize()``.
 
+With ``scope="attention"`` the timed layer is the attention alone: the
+input ``(batch, seq_len, num_heads * head_dim)`` is split into heads and
+given as query, key and value to ``layer.attend`` (the projections are
+frozen and unused; the gradient is w.r.t. the input only). This measures
+what differs between two attention layers, without the four projections
+that every layer shares.
+
 Peak memory (the same method for every layer, so ratios are meaningful):
 
 * Host (CPU runs): the increase of the process's peak resident set size over
@@ -72,6 +79,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "num_heads": 4,
     "head_dim": 64,
     "causal": True,
+    "scope": "layer",
     "mode": "fwd",
     "repeats": 5,
     "warmup": 1,
@@ -363,6 +371,40 @@ _STEPS = {"jax": _jax_step, "tensorflow": _tensorflow_step, "torch": _torch_step
 # ---------------------------------------------------------------------------
 
 
+def _attention_only(layer, num_heads: int, head_dim: int):
+    """A layer timing only ``layer.attend`` (``scope="attention"``)."""
+    import keras
+
+    if not hasattr(layer, "attend"):
+        raise TypeError(
+            f"scope 'attention' needs a keras_longattn attention layer with an "
+            f"`attend` method; {type(layer).__name__} has none"
+        )
+
+    class AttentionOnly(keras.layers.Layer):
+        def __init__(self, inner):
+            super().__init__(name=f"{inner.name}_attention_only")
+            self.inner = inner
+
+        def build(self, query_shape, value_shape=None, key_shape=None):
+            self.inner.build(query_shape, value_shape or query_shape)
+            self.inner.trainable = False
+            self.built = True
+
+        def call(self, query, value=None, key=None, use_causal_mask=False, training=None):
+            n = query.shape[1]
+            heads = keras.ops.reshape(query, (-1, n, num_heads, head_dim))
+            out = self.inner.attend(
+                heads, heads, heads, use_causal_mask=use_causal_mask, training=training
+            )
+            return keras.ops.reshape(out, (-1, n, num_heads * out.shape[-1]))
+
+        def get_config(self):
+            return {"scope": "attention", "layer": self.inner.get_config()}
+
+    return AttentionOnly(layer)
+
+
 def _json_safe(value: Any) -> Any:
     """``value`` made JSON-serialisable (unknown objects become their repr)."""
     return json.loads(json.dumps(value, default=repr))
@@ -447,6 +489,10 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         layer = factory(heads, head_dim, seq_len, layer_options(config["layer"], config["options"]))
         result["ignored_options"] = ignored_options()
         result["layer_class"] = f"{type(layer).__module__}.{type(layer).__qualname__}"
+        if config["scope"] == "attention":
+            layer = _attention_only(layer, heads, head_dim)
+        elif config["scope"] != "layer":
+            raise ValueError(f"unknown scope {config['scope']!r}")
         x_built = keras.ops.convert_to_tensor(x_np)
         _build(layer, x_built, seq_len, backend)
         del x_built

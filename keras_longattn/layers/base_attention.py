@@ -435,12 +435,7 @@ class BaseAttention(keras.layers.Layer):
             query_length=query.shape[1],
             key_length=key.shape[1],
         )
-        name = self._select(context)
-        self.last_implementation = name
-        if name == "reference":
-            result = self._attention_reference(q, k, v, context)
-        else:
-            result = getattr(self, f"_attention_{name}")(q, k, v, context)
+        result = self._dispatch(q, k, v, context)
         if context.return_scores:
             out, scores = result
         else:
@@ -449,6 +444,76 @@ class BaseAttention(keras.layers.Layer):
         if return_attention_scores:
             return out, scores
         return out
+
+    def _dispatch(self, q, k, v, context):
+        name = self._select(context)
+        self.last_implementation = name
+        if name == "reference":
+            return self._attention_reference(q, k, v, context)
+        return getattr(self, f"_attention_{name}")(q, k, v, context)
+
+    def attend(
+        self,
+        query,
+        key,
+        value,
+        query_mask=None,
+        key_mask=None,
+        use_causal_mask=False,
+        training=None,
+    ):
+        """The attention of the layer on already projected heads.
+
+        ``call`` is the input projections, then this, then the output
+        projection. Use it to put the layer's attention behind projections
+        of one's own, or to measure the attention alone (the benchmark's
+        ``--scope attention``). The layer must be built. Same
+        implementations, masks and causality as ``call`` (no dense
+        ``attention_mask``, no scores, no rotary positions).
+
+        Args:
+            query: ``(B, T, num_heads, key_dim)``.
+            key: ``(B, S, num_heads, key_dim)``.
+            value: ``(B, S, num_heads, value_dim)``.
+            query_mask: optional boolean ``(B, T)``, False for padding.
+            key_mask: optional boolean ``(B, S)``, False for padding.
+            use_causal_mask: causal attention (query ``i`` sees keys
+                ``j <= i``).
+            training: as in ``call`` (dropout; layers with state, such as
+                :class:`RoutingAttention`'s centroids, update it).
+
+        Returns:
+            ``(B, T, num_heads, value_dim)``.
+        """
+        if not self.built:
+            raise ValueError(
+                f"{type(self).__name__}.attend needs a built layer: call the "
+                "layer once or build it first"
+            )
+        expected = (self.num_heads, self.key_dim)
+        for name, x, dims in (
+            ("query", query, expected),
+            ("key", key, expected),
+            ("value", value, (self.num_heads, self.value_dim)),
+        ):
+            if len(x.shape) != 4 or tuple(x.shape[2:]) != dims:
+                raise ValueError(
+                    f"`{name}` must have shape (batch, length, {dims[0]}, "
+                    f"{dims[1]}). Received: {name}.shape={tuple(x.shape)}"
+                )
+        context = AttentionContext(
+            padding=la_ops.PaddingMask(
+                None if query_mask is None else ops.cast(query_mask, "bool"),
+                None if key_mask is None else ops.cast(key_mask, "bool"),
+            ),
+            causal=bool(use_causal_mask),
+            attention_mask=None,
+            training=training,
+            return_scores=False,
+            query_length=query.shape[1],
+            key_length=key.shape[1],
+        )
+        return self._dispatch(query, key, value, context)
 
     def _attention_reference(self, query, key, value, context):
         """Dense attention under the layer's pattern: the specification."""

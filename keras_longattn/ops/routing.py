@@ -81,6 +81,28 @@ def backend_jit(static_argnames=()):
     return decorate
 
 
+def segment_sum(data, segment_ids, num_segments):
+    """``keras.ops.segment_sum`` over the first axis, with a fast torch path.
+
+    Keras's torch ``segment_sum`` repeats the ids to the full shape of
+    ``data`` and masks them twice before a ``scatter_reduce``; ``index_add``
+    does the same sum (with its gradient) several times faster. Ids must lie
+    in ``[0, num_segments)``.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        data = ops.convert_to_tensor(data)
+        ids = ops.convert_to_tensor(segment_ids).to(torch.int64)
+        out = torch.zeros(
+            (int(num_segments),) + tuple(data.shape[1:]),
+            dtype=data.dtype,
+            device=data.device,
+        )
+        return out.index_add(0, ids, data)
+    return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+
+
 # ---------------------------------------------------------------- geometry
 @backend_jit(("epsilon",))
 def sphere_normalize(x, epsilon=1e-6):
@@ -143,7 +165,8 @@ def nearest_centroid(similarity, valid=None):
         cluster).
     """
     k = similarity.shape[2]
-    idx = ops.cast(ops.argmax(similarity, axis=2), "int32")
+    # argmax over a contiguous last axis (faster than over axis 2).
+    idx = ops.cast(ops.argmax(ops.transpose(similarity, (0, 1, 3, 2)), axis=-1), "int32")
     if valid is not None:
         valid = ops.cast(valid, "bool")[:, None, :]
         idx = ops.where(valid, idx, ops.full_like(idx, k))
@@ -193,9 +216,15 @@ def gather_tokens(x, indices):
         ``(B, H, ..., d)``.
     """
     shape = tuple(indices.shape)
-    flat = ops.reshape(indices, (-1, shape[1], _prod(shape[2:]), 1))
-    out = ops.take_along_axis(x, flat, axis=2)
-    return ops.reshape(out, (-1,) + shape[1:] + (x.shape[-1],))
+    H, n, d = x.shape[1], x.shape[2], x.shape[3]
+    # One row gather from the flattened (B * H * n, d) tokens: a plain
+    # take/embedding lookup on every backend, whose gradient is an indexed
+    # add (take_along_axis broadcasts its indices to (..., d) instead).
+    base = ops.arange(ops.shape(x)[0] * H, dtype="int32") * n
+    base = ops.reshape(base, (-1, H) + (1,) * (len(shape) - 2))
+    flat = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
+    out = ops.take(ops.reshape(x, (-1, d)), flat, axis=0)
+    return ops.reshape(out, (-1,) + shape[1:] + (d,))
 
 
 def gather_flags(x, indices):
@@ -224,10 +253,10 @@ def scatter_sum_mean(values, indices, length, weights=None):
     base = ops.reshape(ops.arange(batch * H, dtype="int32") * length, (-1, H, 1, 1))
     ids = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
     num = batch * H * length
-    sums = ops.segment_sum(
+    sums = segment_sum(
         ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num_segments=num
     )
-    counts = ops.segment_sum(
+    counts = segment_sum(
         ops.reshape(ops.cast(weights, "float32"), (-1,)), ids, num_segments=num
     )
     mean = sums / ops.maximum(counts, 1.0)[:, None]
@@ -253,10 +282,10 @@ def scatter_mean(values, indices, length):
     base = ops.reshape(ops.arange(batch * H, dtype="int32") * length, (-1, H, 1, 1))
     ids = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
     num = batch * H * length
-    sums = ops.segment_sum(
+    sums = segment_sum(
         ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num_segments=num
     )
-    counts = ops.segment_sum(
+    counts = segment_sum(
         ops.ones_like(ids, dtype="float32"), ids, num_segments=num
     )
     mean = sums / ops.maximum(counts, 1.0)[:, None]
@@ -284,8 +313,8 @@ def cluster_statistics(x_hat, assignment, num_clusters):
     x = ops.transpose(ops.cast(x_hat, "float32"), (0, 2, 1, 3))  # (B, H, n, d)
     head = ops.reshape(ops.arange(H, dtype="int32") * (k + 1), (1, H, 1))
     ids = ops.reshape(ops.cast(assignment, "int32") + head, (-1,))
-    sums = ops.segment_sum(ops.reshape(x, (-1, d)), ids, num_segments=H * (k + 1))
-    counts = ops.segment_sum(
+    sums = segment_sum(ops.reshape(x, (-1, d)), ids, H * (k + 1))
+    counts = segment_sum(
         ops.ones_like(ids, dtype="float32"), ids, num_segments=H * (k + 1)
     )
     sums = ops.reshape(sums, (H, k + 1, d))[:, :k]
@@ -322,7 +351,7 @@ def ema_update(centroids, sums, counts, decay):
 
 
 # ------------------------------------------------- balanced cluster blocks
-@backend_jit(("causal", "exclude_self", "scale", "dropout_fn"))
+@backend_jit(("causal", "exclude_self", "scale", "dropout_fn", "fused"))
 def balanced_cluster_attention(
     query,
     key,
@@ -334,6 +363,7 @@ def balanced_cluster_attention(
     exclude_self=False,
     scale=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Dense attention inside each balanced cluster, averaged per query.
 
@@ -356,6 +386,10 @@ def balanced_cluster_attention(
             position unless no other key is visible (shared query/key).
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         dropout_fn: optional callable applied to the attention weights.
+        fused: compute the clusters with ``keras.ops.dot_product_attention``
+            (each cluster one batch item; PyTorch's fused
+            ``scaled_dot_product_attention``) instead of explicit einsums.
+            Ignored with ``dropout_fn``. Same result.
 
     Returns:
         ``(B, T, H, dv)``.
@@ -379,20 +413,50 @@ def balanced_cluster_attention(
         mask = _and(mask, ops.less_equal(k_pos, q_pos))
     if exclude_self:
         mask = exclude_self_unless_alone(mask, ops.equal(k_pos, q_pos))
-    qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
-    scores = ops.einsum("bhcqd,bhckd->bhcqk", qg, kg)
-    probs = masked_softmax(scores, mask, axis=-1)
-    if dropout_fn is not None:
-        probs = dropout_fn(probs)
-    out = ops.einsum("bhcqk,bhckd->bhcqd", probs, vg)
-    # A query's output is the mean over the clusters in which it sees a key.
-    if mask is None:
-        seen = None
+    if fused and dropout_fn is None:
+        out, seen = _fused_cluster_blocks(qg, kg, vg, mask, scale)
     else:
-        mask = ops.broadcast_to(mask, ops.shape(scores))
-        seen = ops.any(mask, axis=-1)  # (B, H, k, wq)
+        qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
+        scores = ops.einsum("bhcqd,bhckd->bhcqk", qg, kg)
+        probs = masked_softmax(scores, mask, axis=-1)
+        if dropout_fn is not None:
+            probs = dropout_fn(probs)
+        out = ops.einsum("bhcqk,bhckd->bhcqd", probs, vg)
+        # A query's output is the mean over the clusters in which it sees a key.
+        if mask is None:
+            seen = None
+        else:
+            mask = ops.broadcast_to(mask, ops.shape(scores))
+            seen = ops.any(mask, axis=-1)  # (B, H, k, wq)
     out = scatter_sum_mean(out, query_indices, T, weights=seen)
     return ops.transpose(out, (0, 2, 1, 3))
+
+
+def _fused_cluster_blocks(qg, kg, vg, mask, scale):
+    """Each cluster as one item of a batched ``dot_product_attention``.
+
+    ``qg`` ``(B, H, k, wq, d)``, ``kg``/``vg`` ``(B, H, k, wk, d|dv)``,
+    ``mask`` broadcastable to ``(B, H, k, wq, wk)`` or None. Returns the
+    outputs ``(B, H, k, wq, dv)`` (zeros where a query sees no key) and the
+    boolean ``(B, H, k, wq)`` of the queries that see a key (None without
+    a mask)."""
+    shape = tuple(ops.shape(qg))
+    wq, d = qg.shape[3], qg.shape[4]
+    wk, dv = kg.shape[3], vg.shape[4]
+    # (B*H*k, w, 1, d): reshapes only, one attention "head" per cluster.
+    qf = ops.reshape(qg, (-1, wq, 1, d))
+    kf = ops.reshape(kg, (-1, wk, 1, d))
+    vf = ops.reshape(vg, (-1, wk, 1, dv))
+    if mask is None:
+        out = ops.dot_product_attention(qf, kf, vf, scale=scale)
+        return ops.reshape(out, shape[:4] + (dv,)), None
+    mask = ops.broadcast_to(mask, shape[:4] + (wk,))
+    mf = ops.reshape(mask, (-1, 1, wq, wk))
+    out = ops.dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
+    seen = ops.any(mask, axis=-1)
+    out = ops.reshape(out, shape[:4] + (dv,))
+    out = ops.where(seen[..., None], out, ops.zeros_like(out))
+    return out, seen
 
 
 @backend_jit(("causal", "exclude_self", "scale"))
@@ -538,7 +602,7 @@ def cluster_window_layout(item_clusters, item_keys, num_clusters, window):
     }
 
 
-@backend_jit(("num_clusters", "window", "shared", "scale", "dropout_fn"))
+@backend_jit(("num_clusters", "window", "shared", "scale", "dropout_fn", "fused"))
 def clustered_window_attention(
     query,
     key,
@@ -550,6 +614,7 @@ def clustered_window_attention(
     shared=False,
     scale=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Strictly causal attention inside nearest-centroid clusters.
 
@@ -581,6 +646,9 @@ def clustered_window_attention(
         shared: queries and keys are the same tokens.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         dropout_fn: optional callable applied to the attention weights.
+        fused: compute the chunks with ``keras.ops.dot_product_attention``
+            (as :func:`balanced_cluster_attention`). Ignored with
+            ``dropout_fn``.
 
     Returns:
         ``(B, T, H, dv)``.
@@ -663,12 +731,15 @@ def clustered_window_attention(
         mask = exclude_self_unless_alone(
             mask, ops.equal(row_src[..., :, None], col_src[..., None, :])
         )
-    qb = ops.multiply(qb, ops.cast(scale, qb.dtype))
-    scores = ops.einsum("bhgqd,bhgkd->bhgqk", qb, kb)
-    probs = masked_softmax(scores, mask, axis=-1)
-    if dropout_fn is not None:
-        probs = dropout_fn(probs)
-    out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vb)
+    if fused and dropout_fn is None:
+        out, _ = _fused_cluster_blocks(qb, kb, vb, mask, scale)
+    else:
+        qb = ops.multiply(qb, ops.cast(scale, qb.dtype))
+        scores = ops.einsum("bhgqd,bhgkd->bhgqk", qb, kb)
+        probs = masked_softmax(scores, mask, axis=-1)
+        if dropout_fn is not None:
+            probs = dropout_fn(probs)
+        out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vb)
     out = ops.reshape(out, (-1, H, L, out.shape[-1]))
     slot = layout["slot"][..., :T]
     placed = layout["placed"][..., :T]

@@ -170,7 +170,7 @@ def test_parsing():
 @pytest.mark.parametrize(
     "kwargs, argument, text",
     [
-        ({"layers": "full,nope"}, "layers", "known layers: full, local, mha"),
+        ({"layers": "full,nope"}, "layers", "known layers: full, local, sparse-strided, sparse-fixed, routing, mha"),
         ({"lengths": [1024, 0]}, "lengths", ">= 1"),
         ({"lengths": "12x"}, "lengths", "not an integer"),
         ({"backends": "mxnet"}, "backends", "jax, tensorflow, torch"),
@@ -347,3 +347,31 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert all(float(r["median_ms"]) > 0 for r in table)
     assert float(table[0]["time_ratio"]) == 1.0
     assert sorted(path.suffix for path in tmp_path.glob("bench-*")) == [".csv", ".json"]
+
+
+@pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing"])
+@pytest.mark.parametrize("scope", ["layer", "attention"])
+def test_worker_new_layers_and_scopes_in_process(layer, scope):
+    """The registry's sparse and routing entries run in both scopes."""
+    result = worker.run_config({"backend": BACKEND, "layer": layer, "mode": "fwdbwd",
+                                "seq_len": 64, "num_heads": 2, "head_dim": 8,
+                                "repeats": 1, "scope": scope, "options": {}})
+    assert result["status"] == "ok", result.get("traceback")
+    assert result["median_ms"] > 0
+    expected = {"sparse-strided": "SparseAttention", "sparse-fixed": "SparseAttention",
+                "routing": "RoutingAttention"}[layer]
+    assert result["layer_class"].endswith(expected)
+
+
+def test_scope_is_validated():
+    with pytest.raises(BenchmarkArgumentError, match="scope"):
+        bench_config.BenchmarkConfig.create(layers=["full"], lengths=[64], scope="projections")
+
+
+def test_registry_defaults_for_sparse_and_routing():
+    strided = registry.sparse_strided_attention(4, 16, 1024, {"window": 256})
+    assert strided.pattern == "strided" and strided.block_length == 128
+    fixed = registry.sparse_fixed_attention(4, 16, 1024, {})
+    assert fixed.pattern == "fixed"
+    routing = registry.routing_attention(4, 16, 4096, {"window": 256})
+    assert routing.num_clusters == 64 and routing.window is None

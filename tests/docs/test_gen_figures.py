@@ -70,7 +70,7 @@ def test_benchmark_page_with_results(gen, tmp_path):
     page = gen.benchmark_page(document, ROOT / "docs/benchmarks/results.json", "committed",
                               assets=tmp_path)
     assert "### jax" in page
-    assert "| `local` | 1,024 | fwdbwd | 50.0 | 2.00x | 32.0 | 0.50 | ok |" in page
+    assert "| `local` | 1,024 | yes | fwdbwd | 50.0 | 2.00x | 32.0 | 0.50 | ok |" in page
     assert "oom: killed" in page
     assert (tmp_path / "benchmark.png").stat().st_size > 1000
     local = gen.benchmark_page(document, ROOT / "build/benchmarks/latest.json", "local",

@@ -194,7 +194,7 @@ def test_routed_equals_reference_paths(kwargs, causal, lengths):
     q, kv = _x(T=lengths[0]), _x(T=lengths[1], seed=1)
     layer = RoutingAttention(num_heads=2, key_dim=8, **kwargs)
     out = to_np(layer(q, kv, use_causal_mask=causal))
-    assert layer.last_implementation == "routed"
+    assert layer.last_implementation in ("routed", "routed_fused")
     ref = RoutingAttention(num_heads=2, key_dim=8, implementation="reference", **kwargs)
     ref(q, kv)
     ref.set_weights(layer.get_weights())
@@ -203,6 +203,45 @@ def test_routed_equals_reference_paths(kwargs, causal, lengths):
     _, scores = layer(q, kv, use_causal_mask=causal, return_attention_scores=True)
     sums = to_np(scores).sum(-1)
     assert np.all((np.abs(sums - 1) < 1e-5) | (sums == 0))
+
+
+@pytest.mark.parametrize("implementation", ["routed", "routed_fused"])
+@pytest.mark.parametrize(
+    "kwargs, causal",
+    [
+        ({"num_clusters": 4, "local_heads": 1, "local_window": 6}, False),
+        ({"num_clusters": 4, "local_heads": 1, "local_window": 6}, True),
+        ({"num_clusters": 3, "shared_qk": True}, True),
+        ({"num_clusters": 4, "window": 9, "causal_routing": "balanced"}, True),
+    ],
+)
+def test_both_efficient_paths_equal_reference(implementation, kwargs, causal):
+    """Explicit einsums and the fused dot_product_attention path give the
+    reference's output on the same weights and clusters, with padding."""
+    x = _x(T=29)
+    mask = np.ones((2, 29), bool)
+    mask[1, 20:] = False
+    layer = RoutingAttention(num_heads=2, key_dim=8, implementation=implementation,
+                             **kwargs)
+    out = to_np(layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal))
+    assert layer.last_implementation == implementation
+    ref = RoutingAttention(num_heads=2, key_dim=8, implementation="reference", **kwargs)
+    ref(x, x)
+    ref.set_weights(layer.get_weights())
+    expected = to_np(ref(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal))
+    assert rel_error(out[mask], expected[mask]) < 1e-5
+
+
+def test_fused_path_with_dropout_in_training():
+    """Attention dropout falls back to explicit weights inside the fused path
+    (local heads included) instead of failing."""
+    x = _x(T=24)
+    layer = RoutingAttention(num_heads=2, key_dim=8, num_clusters=3, local_heads=1,
+                             local_window=4, dropout=0.5, implementation="routed_fused")
+    out = to_np(layer(x, x, use_causal_mask=True, training=True))
+    assert out.shape == (2, 24, 16) and np.all(np.isfinite(out))
+    inference = to_np(layer(x, x, use_causal_mask=True, training=False))
+    assert not np.allclose(out, inference)
 
 
 def test_queries_in_no_cluster_get_zero_routing_output():
