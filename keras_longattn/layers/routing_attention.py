@@ -328,9 +328,12 @@ class RoutingAttention(BaseAttention):
         return la_ops.resolve_window(w, None, None, causal)
 
     # ---------------------------------------------------------------- routing
-    def _route(self, query, key, context, add_losses=True):
+    def _route(self, query, key, context, add_losses=True, nearest=True):
         """Routing decisions for the routing heads; moves the centroids when
-        training. ``query``/``key``: ``(B, T|S, Hr, d)``."""
+        training. ``query``/``key``: ``(B, T|S, Hr, d)``. With
+        ``nearest=False`` the nearest centroids are only computed where
+        they are used (training, commitment loss, token routing); otherwise
+        ``query_clusters``/``key_clusters`` are None."""
         T, S = query.shape[1], key.shape[1]
         if T is None or S is None:
             raise ValueError(
@@ -364,10 +367,15 @@ class RoutingAttention(BaseAttention):
         k_hat = ops.stop_gradient(k_live)
         sim_q = routing_ops.centroid_similarity(q_hat, centroids)
         sim_k = sim_q if self.shared_qk else routing_ops.centroid_similarity(k_hat, centroids)
-        near_q = routing_ops.nearest_centroid(sim_q, q_valid)
-        near_k = near_q if self.shared_qk else routing_ops.nearest_centroid(sim_k, k_valid)
+        training = _is_training(context.training)
+        commitment = add_losses and self.commitment_weight > 0.0
+        if nearest or training or commitment or not balanced:
+            near_q = routing_ops.nearest_centroid(sim_q, q_valid)
+            near_k = near_q if self.shared_qk else routing_ops.nearest_centroid(sim_k, k_valid)
+        else:  # balanced inference: the top-w choice alone routes
+            near_q = near_k = None
 
-        if _is_training(context.training):
+        if training:
             sums, counts = routing_ops.cluster_statistics(q_hat, near_q, k)
             if not self.shared_qk:
                 k_sums, k_counts = routing_ops.cluster_statistics(k_hat, near_k, k)
@@ -375,7 +383,7 @@ class RoutingAttention(BaseAttention):
             self.centroids.assign(
                 routing_ops.ema_update(centroids, sums, counts, self.ema_decay)
             )
-        if add_losses and self.commitment_weight > 0.0:
+        if commitment:
             loss = self._commitment_loss(q_live, near_q, centroids)
             if not self.shared_qk:
                 loss = 0.5 * (loss + self._commitment_loss(k_live, near_k, centroids))
@@ -436,7 +444,7 @@ class RoutingAttention(BaseAttention):
         parts = []
         window = self.routing_window(max(T, S))
         if self.routing_heads:
-            routing = self._route(q_rt, k_rt, context)
+            routing = self._route(q_rt, k_rt, context, nearest=False)
             window = routing.window
         if self.local_heads:
             look_back, look_ahead = self._local_extents(context.causal, window)
@@ -498,7 +506,7 @@ class RoutingAttention(BaseAttention):
         window = self.routing_window(max(T, S))
         routing = None
         if self.routing_heads:
-            routing = self._route(q_rt, k_rt, context)
+            routing = self._route(q_rt, k_rt, context, nearest=False)
             window = routing.window
         local_extents = None
         if self.local_heads:

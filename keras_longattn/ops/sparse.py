@@ -37,6 +37,7 @@ length, c summary width.
 
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -268,6 +269,7 @@ def sparse_attention(
     key_mask=None,
     scale=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Sparse Transformer attention computed block-sparsely.
 
@@ -292,12 +294,29 @@ def sparse_attention(
         causal: whether query ``i`` only sees keys ``j <= i``.
         key_mask: optional boolean ``(B, S)``; False marks padded keys.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
-        dropout_fn: optional callable applied to the attention weights.
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute every part with ``keras.ops.dot_product_attention``
+            (the backend's fused kernel: PyTorch's
+            ``scaled_dot_product_attention``, flash attention on CPU) on the
+            same block layouts, instead of explicit einsums and softmax.
+            Causal parts without padding use the kernel's own causal mode;
+            fixed B splits the queries into groups that only read the
+            summaries up to their own end (about 56% of the summary scores
+            with causal attention). Same result; no dropout; not with
+            ``combination="merged"``, which needs each part's log-sum-exp.
 
     Returns:
         ``(B, T, H, dv)``. Queries with no visible key get zeros.
     """
     check_sparse_pattern(pattern)
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
+    if fused and combination == "merged":
+        raise ValueError(
+            "`fused=True` does not support combination='merged' (the merge "
+            "needs the log-sum-exp of each part)."
+        )
     check_sparse_combination(combination)
     T, S = query.shape[1], key.shape[1]
     if T is None or S is None:
@@ -329,17 +348,30 @@ def sparse_attention(
         km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
         valid = ops.logical_and(valid, km)  # (B or 1, N)
 
+    # Statically known: no padded key anywhere (the fused parts then skip
+    # their masks where the pattern alone is plain causal or full).
+    all_valid = key_mask is None and S == N
+
     def part_a(q, k, v, pat):
         if pattern == "strided":
             before = 1 if l > 1 else 0
             after = 0 if causal else before
         else:
             before = after = 0
+        if fused:
+            if pattern == "fixed" and all_valid:
+                return _fused_fixed_blocks(q, k, v, l, causal), None
+            q, k, v, mask = band_blocks(q, k, v, valid, pat, l, before, after)
+            return _fused_masked(q, k, v, mask), None
         return _band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
 
     def part_b(q, k, v, pat):
         if pattern == "strided":
+            if fused:
+                return _fused_column_part(q, k, v, valid, pat, l, causal, all_valid), None
             return _column_part(q, k, v, valid, pat, l, dropout_fn)
+        if fused:
+            return _fused_summary_part(q, k, v, valid, pat, l, c, causal), None
         return _summary_part(q, k, v, valid, pat, l, c, dropout_fn)
 
     if combination == "first":
@@ -474,6 +506,124 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn):
     # (B, H, N, m * c) x (B, m * c, H, dv) -> (B, N, H, dv)
     out = ops.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, ops.transpose(lse, (0, 2, 1))
+
+
+# ------------------------------------------------------------ fused parts
+# The same layouts given to keras.ops.dot_product_attention, one call per
+# part (queries are already scaled: the kernel gets scale=1).
+def _dot_product_attention(q, k, v, mask=None, is_causal=False):
+    """``keras.ops.dot_product_attention`` with ``scale=1`` (queries are
+    already scaled) for any value size: JAX's kernel needs the value head
+    size to equal the query's, so the smaller side is zero-padded there
+    (zero query/key columns add nothing to the scores; zero value columns
+    are cut from the output)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d == dv or keras.backend.backend() != "jax":
+        return ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0)
+    width = max(d, dv)
+
+    def widen(x):
+        pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
+        return x if x.shape[-1] == width else ops.pad(x, pad)
+
+    out = ops.dot_product_attention(
+        widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=1.0
+    )
+    return out[..., :dv]
+
+
+def _fused_masked(q, k, v, mask):
+    """Blocks ``q`` ``(B, n, b, H, d)`` against ``k``/``v`` ``(B, n, C, H, .)``
+    under ``mask`` ``(B or 1, n, b, C)``; zeros where a query sees no key."""
+    n, b, H = q.shape[1], q.shape[2], q.shape[3]
+    C, dv = k.shape[2], v.shape[4]
+    batch = ops.shape(q)[0]
+    qf = ops.reshape(q, (-1, b, H, q.shape[4]))
+    kf = ops.reshape(k, (-1, C, H, k.shape[4]))
+    vf = ops.reshape(v, (-1, C, H, dv))
+    mf = ops.reshape(ops.broadcast_to(mask, (batch, n, b, C)), (-1, 1, b, C))
+    out = _dot_product_attention(qf, kf, vf, mask=mf)
+    visible = ops.any(mf[:, 0], axis=-1)  # (B*n, b)
+    out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
+    return ops.reshape(out, (-1, n * b, H, dv))
+
+
+def _fused_fixed_blocks(query, key, value, l, causal):
+    """Fixed A without padding: each block of ``l`` attends within itself,
+    causally or not, with no explicit mask."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    q = ops.reshape(query, (-1, l, H, d))
+    k = ops.reshape(key, (-1, l, H, d))
+    v = ops.reshape(value, (-1, l, H, dv))
+    out = _dot_product_attention(q, k, v, is_causal=causal)
+    return ops.reshape(out, (-1, N, H, dv))
+
+
+def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
+    """Strided B: each column of the ``(m, l)`` view attends within itself
+    over the ``m`` rows; plain causal (or full) attention when no key is
+    padded."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    m = N // l
+
+    def columns(x):  # (B, N, H, e) -> (B * l, m, H, e)
+        x = ops.reshape(x, (-1, m, l, H, x.shape[-1]))
+        return ops.reshape(ops.transpose(x, (0, 2, 1, 3, 4)), (-1, m, H, x.shape[-1]))
+
+    q, k, v = columns(query), columns(key), columns(value)
+    if all_valid:
+        out = _dot_product_attention(q, k, v, is_causal=causal)
+    else:
+        kv_valid = ops.transpose(ops.reshape(valid, (-1, m, l)), (0, 2, 1))  # (B, l, m)
+        pos = np.arange(l, dtype="int32")[:, None] + np.arange(m, dtype="int32") * l
+        allowed = pattern.allowed(
+            _positions(pos[None, :, :, None]), _positions(pos[None, :, None, :])
+        )  # (1, l, m, m)
+        mask = ops.logical_and(allowed, kv_valid[:, :, None, :])  # (B, l, m, m)
+        batch = ops.shape(query)[0]
+        mask = ops.reshape(ops.broadcast_to(mask, (batch, l, m, m)), (-1, 1, m, m))
+        out = _dot_product_attention(q, k, v, mask=mask)
+        visible = ops.any(mask[:, 0], axis=-1)  # (B * l, m)
+        out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
+    out = ops.transpose(ops.reshape(out, (-1, l, m, H, dv)), (0, 2, 1, 3, 4))
+    return ops.reshape(out, (-1, N, H, dv))
+
+
+#: Query groups of the fused fixed-B part with causal attention.
+_SUMMARY_GROUPS = 8
+
+
+def _fused_summary_part(query, key, value, valid, pattern, l, c, causal):
+    """Fixed B: queries against the ``m * c`` summary keys. With causal
+    attention the queries are cut into up to 8 groups of whole blocks; a
+    group reads only the summaries up to its own last block."""
+    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    dv = value.shape[3]
+    m = N // l
+    k = ops.reshape(ops.reshape(key, (-1, m, l, H, d))[:, :, l - c :], (-1, m * c, H, d))
+    v = ops.reshape(ops.reshape(value, (-1, m, l, H, dv))[:, :, l - c :], (-1, m * c, H, dv))
+    kv_valid = ops.reshape(ops.reshape(valid, (-1, m, l))[:, :, l - c :], (-1, m * c))
+    k_pos = (np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32"))
+    k_pos = k_pos.reshape(-1)
+    groups = min(_SUMMARY_GROUPS, m) if causal else 1
+    bounds = [round(g * m / groups) for g in range(groups + 1)]
+    batch = ops.shape(query)[0]
+    outs = []
+    for g in range(groups):
+        first, last = bounds[g] * l, bounds[g + 1] * l  # query positions
+        kn = bounds[g + 1] * c if causal else m * c  # summaries it may read
+        q_pos = np.arange(first, last, dtype="int32")
+        allowed = pattern.allowed(
+            _positions(q_pos[:, None]), _positions(k_pos[None, :kn])
+        )  # (Tg, kn)
+        mask = ops.logical_and(allowed[None], kv_valid[:, None, :kn])  # (B or 1, Tg, kn)
+        mask = ops.broadcast_to(mask, (batch, last - first, kn))[:, None]
+        out = _dot_product_attention(query[:, first:last], k[:, :kn], v[:, :kn], mask=mask)
+        visible = ops.any(mask[:, 0], axis=-1)  # (B, Tg)
+        outs.append(ops.where(visible[:, :, None, None], out, ops.zeros_like(out)))
+    return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)
 
 
 def _positions(array):

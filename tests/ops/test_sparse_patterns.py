@@ -180,6 +180,62 @@ def test_blocked_equals_dense_reference(case, causal):
         np.testing.assert_array_equal(out[1], 0.0)  # no visible key -> zeros
 
 
+FUSED_CASES = CASES + [  # lengths that are multiples of l: the unmasked kernels
+    ("strided", 4, None, 16, 16),
+    ("fixed", 4, 1, 24, 24),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: f"{c[0]}-l{c[1]}-T{c[3]}-S{c[4]}")
+@pytest.mark.parametrize("padded", [True, False], ids=["padding", "no-padding"])
+def test_fused_equals_dense_reference(case, causal, padded):
+    """fused=True (keras.ops.dot_product_attention on the same layouts):
+    equal to the dense reference for every combination it supports, with
+    and without key padding (without, the unmasked causal/full kernels
+    run where the layout allows)."""
+    pattern, l, c, t, s = case
+    q, k, v, key_mask = _inputs(t, s)
+    if not padded:
+        key_mask = np.ones_like(key_mask)
+    for combination in ("multihead", "first", "second"):
+        out = to_np(sp.sparse_attention(q, k, v, pattern, l, c, combination, causal,
+                                        key_mask=key_mask if padded else None,
+                                        fused=True))
+        ref = _dense_reference(q, k, v, key_mask, pattern, l, c, combination, causal)
+        assert np.all(np.isfinite(out))
+        assert rel_error(out, ref) < 1e-5, combination
+        if padded:
+            np.testing.assert_array_equal(out[1], 0.0)
+
+
+@pytest.mark.parametrize("pattern, l, c", [("strided", 4, None), ("fixed", 4, 1)])
+def test_fused_gradients_equal_blocked(pattern, l, c):
+    """Gradients of the fused path equal the einsum path's (causal, n a
+    multiple of l, so the unmasked kernels run, and with padding)."""
+    q, k, v, _ = _inputs(24, 24)
+    key_mask = np.ones((2, 24), bool)
+    key_mask[1, 20:] = False
+    for mask in (None, key_mask):
+        grads = []
+        for fused in (False, True):
+            def f(x, fused=fused, mask=mask):
+                return sp.sparse_attention(x, k, v, pattern, l, c, "multihead", True,
+                                           key_mask=mask, fused=fused)
+            grads.append(input_gradient(f, q))
+        assert np.all(np.isfinite(grads[1]))
+        assert rel_error(grads[1], grads[0]) < 1e-4
+
+
+def test_fused_refuses_merged_and_dropout():
+    q, k, v, _ = _inputs(8, 8)
+    with pytest.raises(ValueError, match="merged"):
+        sp.sparse_attention(q, k, v, "strided", 4, None, "merged", True, fused=True)
+    with pytest.raises(ValueError, match="dropout"):
+        sp.sparse_attention(q, k, v, "strided", 4, None, "multihead", True, fused=True,
+                            dropout_fn=lambda p: p)
+
+
 def test_merged_counts_each_key_once():
     """Merged attention is one softmax over A | B. Counting the keys both
     patterns allow twice (j == i for strided) would give another result."""
