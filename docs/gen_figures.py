@@ -50,6 +50,10 @@ BENCHMARK_SOURCES = (
 NOTEBOOKS_SRC = ROOT / "notebooks"
 NOTEBOOKS_BUILD = ROOT / "build" / "notebooks"
 NOTEBOOKS_DOCS = DOCS / "notebooks"
+#: Committed full-size runs (``keras-longattn reproduce <slug> --full
+#: --output-dir docs/results``): shown in the docs in place of the CI-size
+#: run of the build when present.
+NOTEBOOKS_FULL = DOCS / "results"
 REPRODUCTIONS_PAGE = DOCS / "reproductions.md"
 GUIDES = DOCS / "guides"
 
@@ -493,8 +497,21 @@ def _title(notebook: dict, slug: str) -> str:
     return slug
 
 
+def _flatten(metrics: dict, prefix: str = "") -> list:
+    rows = []
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows += _flatten(value, f"{name}.")
+        elif isinstance(value, (list, tuple)):
+            continue  # curves and tables live in the notebook
+        else:
+            rows.append((name, value))
+    return rows
+
+
 def _results_table(results: dict) -> str:
-    rows = [(k, v) for k, v in (results.get("metrics") or {}).items()]
+    rows = _flatten(results.get("metrics") or {})
     rows += [("backend", results.get("backend")), ("wall time (s)", results.get("wall_time_s"))]
     lines = ["| metric | value |", "|---|---:|"]
     for name, value in rows:
@@ -506,9 +523,22 @@ def _results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _size_of(results: dict, meta: dict) -> str:
+    full = meta.get("full_parameters")
+    params = results.get("parameters") or {}
+    if full and all(params.get(k) == v for k, v in full.items()):
+        return "full size"
+    return "CI size"
+
+
 def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
-                       out: Path = NOTEBOOKS_DOCS, page: Path = REPRODUCTIONS_PAGE) -> list[Path]:
-    """Copies the executed notebooks into the docs and writes the index."""
+                       out: Path = NOTEBOOKS_DOCS, page: Path = REPRODUCTIONS_PAGE,
+                       full: Path = NOTEBOOKS_FULL) -> list[Path]:
+    """Copies the executed notebooks into the docs and writes the index.
+
+    A notebook's page is its committed full-size run (``docs/results/``)
+    when there is one, else the CI-size run of this build; the index gives
+    the results of both."""
     out.mkdir(parents=True, exist_ok=True)
     slugs = sorted(p.stem for p in src.glob("*.ipynb") if not p.name.startswith(("_", ".")))
     for stale in out.glob("*.ipynb"):
@@ -519,7 +549,28 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
     for slug in slugs:
         executed = build / f"{slug}.ipynb"
         results_file = build / f"{slug}.json"
-        if executed.is_file():
+        full_nb, full_json = full / f"{slug}.ipynb", full / f"{slug}.json"
+        full_results = None
+        if full_json.is_file():
+            full_results = json.loads(full_json.read_text(encoding="utf-8"))
+        shown = "this build's run"
+        if full_nb.is_file():
+            notebook = _clean_outputs(json.loads(full_nb.read_text(encoding="utf-8")))
+            when = (full_results or {}).get("finished") or "committed"
+            note = {
+                "cell_type": "markdown", "metadata": {}, "id": "full-size-run",
+                "source": ("!!! info \"Full-size run\"\n"
+                           f"    The outputs below are the committed full-size run "
+                           f"(`docs/results/{slug}.ipynb`, backend "
+                           f"`{(full_results or {}).get('backend', '?')}`, "
+                           f"{(full_results or {}).get('wall_time_s', '?')} s). Every test run "
+                           "executes the same notebook at its CI size; see "
+                           "[Reproductions](../reproductions.md)."),
+            }
+            notebook["cells"].insert(1, note)
+            ran = executed.is_file()
+            shown = "the committed full-size run"
+        elif executed.is_file():
             notebook = _clean_outputs(json.loads(executed.read_text(encoding="utf-8")))
             ran = True
         else:
@@ -536,7 +587,8 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
         target.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
                           encoding="utf-8")
         written.append(target)
-        print(f"[gen_figures] {_relative(target)} ({'executed' if ran else 'NOT executed'})")
+        print(f"[gen_figures] {_relative(target)} ({shown}; "
+              f"{'executed' if ran else 'NOT executed'} in this build)")
 
         source_nb = json.loads((src / f"{slug}.ipynb").read_text(encoding="utf-8"))
         meta = source_nb.get("metadata", {}).get("keras_longattn", {})
@@ -548,15 +600,16 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
         if meta.get("claims"):
             lines += ["Claims checked by its `assert` cells:", ""]
             lines += [f"- {claim}" for claim in meta["claims"]] + [""]
+        if full_results is not None:
+            lines += [f"Committed results ({_size_of(full_results, meta)}, backend "
+                      f"`{full_results.get('backend')}`, `docs/results/{slug}.json`):", "",
+                      _results_table(full_results), ""]
         results = None
         if ran and results_file.is_file():
             results = json.loads(results_file.read_text(encoding="utf-8"))
         if results is not None:
-            size = "CI size" if not meta.get("full_parameters") or not all(
-                (results.get("parameters") or {}).get(k) == v
-                for k, v in meta["full_parameters"].items()) else "full size"
-            lines += [f"Results of this build ({size}, backend `{results.get('backend')}`):", "",
-                      _results_table(results), ""]
+            lines += [f"Results of this build ({_size_of(results, meta)}, backend "
+                      f"`{results.get('backend')}`):", "", _results_table(results), ""]
         else:
             lines += ["*Not executed in this build: no results.*", ""]
         lines += ["Reproduce:", "", "```bash",
@@ -573,8 +626,10 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
         "test run) and a **full size** declared in its metadata (`--full`). `keras-longattn "
         "reproduce` executes it with papermill into `build/notebooks/<slug>.ipynb`, its "
         "`assert` cells check the claims at the scale it ran at, and its results go to "
-        "`build/notebooks/<slug>.json`. The pages below are the executed notebooks of this "
-        f"build ({datetime.now().strftime('%Y-%m-%d')}).\n\n"
+        "`build/notebooks/<slug>.json`. A notebook's page shows its committed **full-size** run "
+        "(`docs/results/<slug>.ipynb`, made with `keras-longattn reproduce <slug> --full "
+        "--output-dir docs/results`) when there is one, else the CI-size run of this build "
+        f"({datetime.now().strftime('%Y-%m-%d')}).\n\n"
         + ("\n".join(sections) if sections else "No notebooks yet.\n")
     )
     page.write_text(text, encoding="utf-8")

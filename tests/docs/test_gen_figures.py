@@ -107,7 +107,7 @@ def test_notebook_copies(gen, tmp_path):
     (build / "demo.json").write_text(json.dumps(
         {"backend": "jax", "metrics": {"bits": 1.5}, "wall_time_s": 3.0, "parameters": {}}))
     page = tmp_path / "reproductions.md"
-    gen.generate_notebooks(src=src, build=build, out=out, page=page)
+    gen.generate_notebooks(src=src, build=build, out=out, page=page, full=tmp_path / "none")
     copied = json.loads((out / "demo.ipynb").read_text())
     texts = [o["text"] for o in copied["cells"][1]["outputs"]]
     assert texts == ["a real warning\n", "1\n"]
@@ -129,3 +129,32 @@ def test_griffe_rewrite():
     assert rewrite(args) == "Constructor arguments: see `Base` (the arguments of X).\n\nReturns:\n    y."
     kept = "Args:\n    x: a number.\n"
     assert rewrite(kept) == kept
+
+
+def test_committed_full_size_run_is_shown(gen, tmp_path):
+    """docs/results/<slug>.ipynb (a --full run) replaces the build's CI-size
+    copy in the docs; the index gives both result tables."""
+    src, build, out, full = (tmp_path / n for n in ("src", "build", "out", "full"))
+    for folder in (src, build, full):
+        folder.mkdir()
+    meta = {"keras_longattn": {"title": "Demo", "full_parameters": {"steps": 100}}}
+    notebook = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Demo"}],
+                "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
+    (src / "demo.ipynb").write_text(json.dumps(notebook))
+    for folder, steps, bits, marker in ((build, 10, 3.0, "ci"), (full, 100, 1.25, "full")):
+        executed = json.loads(json.dumps(notebook))
+        executed["cells"].append({"cell_type": "markdown", "metadata": {}, "source": marker})
+        (folder / "demo.ipynb").write_text(json.dumps(executed))
+        (folder / "demo.json").write_text(json.dumps(
+            {"backend": "jax", "parameters": {"steps": steps}, "wall_time_s": 1.0,
+             "metrics": {"bits": bits, "table": {"dense": {"bits": bits}}, "curve": [1, 2]}}))
+    page = tmp_path / "reproductions.md"
+    gen.generate_notebooks(src=src, build=build, out=out, page=page, full=full)
+    shown = json.loads((out / "demo.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in shown["cells"]]
+    assert "full" in sources and "ci" not in sources
+    assert any("Full-size run" in s for s in sources)
+    text = page.read_text()
+    assert "Committed results (full size" in text and "| `bits` | 1.25 |" in text
+    assert "Results of this build (CI size" in text and "| `bits` | 3 |" in text
+    assert "| `table.dense.bits` | 1.25 |" in text and "curve" not in text
