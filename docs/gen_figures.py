@@ -63,6 +63,7 @@ PATTERN_LENGTH = 32
 FIGURE_OPTIONS = {
     "LocalAttention": {"window": 8},
     "SparseAttention": {"block_length": 8},
+    "RoutingAttention": {"num_clusters": 4, "seed": 0},
 }
 
 GENERATED_NOTE = (
@@ -136,7 +137,26 @@ def pattern_masks(layer, n: int = PATTERN_LENGTH):
     return masks
 
 
-def draw_pattern(name: str, options: dict, masks: dict, path: Path) -> Path:
+def content_masks(layer, n: int = PATTERN_LENGTH, head: int = -1, seed: int = 0):
+    """The keys that one head of a content-dependent layer attends to on one
+    seeded random input: the nonzero weights of ``return_attention_scores``
+    (the layer's reference path, under the clusters it forms), causal and
+    bidirectional, for head ``head`` (default: the last, a routing head)."""
+    import numpy as np
+    from keras import ops
+
+    dim = layer.num_heads * layer.key_dim
+    x = np.random.default_rng(seed).standard_normal((1, n, dim)).astype("float32")
+    masks = {}
+    for label, causal in (("causal", True), ("bidirectional", False)):
+        _, scores = layer(x, x, use_causal_mask=causal, return_attention_scores=True)
+        scores = np.asarray(ops.convert_to_numpy(scores))[0, head]
+        masks[label] = scores > 0
+    return masks
+
+
+def draw_pattern(name: str, options: dict, masks: dict, path: Path,
+                 caption: str = "query i attends key j where blue") -> Path:
     """Draws the masks side by side into ``path`` (PNG)."""
     plt = _pyplot()
     from matplotlib.colors import ListedColormap
@@ -158,7 +178,7 @@ def draw_pattern(name: str, options: dict, masks: dict, path: Path) -> Path:
         ax.grid(which="minor", color="white", linewidth=0.4)
         ax.tick_params(which="minor", length=0)
     args = ", ".join(f"{k}={v!r}" for k, v in options.items())
-    fig.suptitle(f"{name}({args}), n = {n}: query i attends key j where blue", fontsize=11)
+    fig.suptitle(f"{name}({args}), n = {n}: {caption}", fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -173,17 +193,16 @@ def generate_patterns(out_dir: Path = PATTERNS_DIR, n: int = PATTERN_LENGTH) -> 
         slug = snake_case(name)
         required = (GUIDES / f"{slug}.md").exists()
         options = dict(FIGURE_OPTIONS.get(name, {}))
-        if is_content_dependent(cls):
-            # The base class's docs: content-dependent layers override
-            # _attention_reference; their attention_pattern is not what runs.
-            message = f"{name}: content-dependent attention, no static pattern figure"
-            if required:
-                raise RuntimeError(message + f" (docs/guides/{slug}.md refers to one)")
-            print(f"[gen_figures] skipped {message}")
-            continue
+        content = is_content_dependent(cls)
+        caption = "query i attends key j where blue"
+        if content:
+            # Content-dependent layers override _attention_reference: their
+            # attention_pattern is not what runs. Their figure shows what
+            # one head attends to on one seeded random input.
+            caption = "one head on one random input, blue = attended"
         try:
             layer = cls(num_heads=2, key_dim=4, **options)
-            masks = pattern_masks(layer, n)
+            masks = content_masks(layer, n) if content else pattern_masks(layer, n)
         except Exception as error:  # noqa: BLE001 - reported, fatal when required
             message = f"{name}: no pattern figure ({type(error).__name__}: {error})"
             if required:
@@ -193,7 +212,7 @@ def generate_patterns(out_dir: Path = PATTERNS_DIR, n: int = PATTERN_LENGTH) -> 
                 ) from error
             print(f"[gen_figures] skipped {message}")
             continue
-        path = draw_pattern(name, options, masks, out_dir / f"{slug}.png")
+        path = draw_pattern(name, options, masks, out_dir / f"{slug}.png", caption)
         written.append(path)
         print(f"[gen_figures] {_relative(path)}")
     return written
