@@ -13,6 +13,7 @@ Shape legend: B batch, n number of blocks, b block size, C context length
 
 import math
 
+import keras
 from keras import ops
 
 from keras_longattn.ops.patterns import AttentionPattern
@@ -174,6 +175,31 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     return q, k, v, mask
 
 
+def fused_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
+    """``keras.ops.dot_product_attention`` for any value head size.
+
+    JAX's kernel needs the value head size to equal the query's: there the
+    smaller side is zero-padded (zero query/key columns add nothing to the
+    scores; zero value columns are cut from the output). Other backends
+    call the kernel as it is.
+    """
+    d, dv = q.shape[-1], v.shape[-1]
+    if d == dv or keras.backend.backend() != "jax":
+        return ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    width = max(d, dv)
+
+    def widen(x):
+        pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
+        return x if x.shape[-1] == width else ops.pad(x, pad)
+
+    out = ops.dot_product_attention(
+        widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=scale
+    )
+    return out[..., :dv]
+
+
 def _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv):
     """Every block as one item of a batched ``dot_product_attention``."""
     qf = ops.reshape(q, (-1, b, H, d))  # (B*n, b, H, d)
@@ -181,7 +207,7 @@ def _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv):
     vf = ops.reshape(v, (-1, C, H, dv))
     mask = ops.broadcast_to(mask, (ops.shape(q)[0], n, b, C))
     mf = ops.reshape(mask, (-1, 1, b, C))  # (B*n, 1, b, C)
-    out = ops.dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
+    out = fused_dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
     # Rows with no visible key: the contract is a zero output.
     visible = ops.any(mf[:, 0], axis=-1)  # (B*n, b)
     out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))

@@ -40,6 +40,7 @@ import math
 import keras
 from keras import ops
 
+from keras_longattn.ops.blocked import fused_dot_product_attention
 from keras_longattn.ops.reference import masked_softmax
 
 #: Similarity given to padded tokens before the top-w selection (cosine
@@ -448,11 +449,11 @@ def _fused_cluster_blocks(qg, kg, vg, mask, scale):
     kf = ops.reshape(kg, (-1, wk, 1, d))
     vf = ops.reshape(vg, (-1, wk, 1, dv))
     if mask is None:
-        out = ops.dot_product_attention(qf, kf, vf, scale=scale)
+        out = fused_dot_product_attention(qf, kf, vf, scale=scale)
         return ops.reshape(out, shape[:4] + (dv,)), None
     mask = ops.broadcast_to(mask, shape[:4] + (wk,))
     mf = ops.reshape(mask, (-1, 1, wq, wk))
-    out = ops.dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
+    out = fused_dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
     seen = ops.any(mask, axis=-1)
     out = ops.reshape(out, shape[:4] + (dv,))
     out = ops.where(seen[..., None], out, ops.zeros_like(out))

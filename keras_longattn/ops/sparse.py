@@ -37,12 +37,12 @@ length, c summary width.
 
 import math
 
-import keras
 import numpy as np
 from keras import ops
 
 from keras_longattn._validation import positive_int as _check_positive_int
 from keras_longattn.ops.blocked import band_blocks
+from keras_longattn.ops.blocked import fused_dot_product_attention
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import CausalPattern
@@ -512,24 +512,8 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn):
 # The same layouts given to keras.ops.dot_product_attention, one call per
 # part (queries are already scaled: the kernel gets scale=1).
 def _dot_product_attention(q, k, v, mask=None, is_causal=False):
-    """``keras.ops.dot_product_attention`` with ``scale=1`` (queries are
-    already scaled) for any value size: JAX's kernel needs the value head
-    size to equal the query's, so the smaller side is zero-padded there
-    (zero query/key columns add nothing to the scores; zero value columns
-    are cut from the output)."""
-    d, dv = q.shape[-1], v.shape[-1]
-    if d == dv or keras.backend.backend() != "jax":
-        return ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0)
-    width = max(d, dv)
-
-    def widen(x):
-        pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
-        return x if x.shape[-1] == width else ops.pad(x, pad)
-
-    out = ops.dot_product_attention(
-        widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=1.0
-    )
-    return out[..., :dv]
+    # Queries are already scaled.
+    return fused_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0)
 
 
 def _fused_masked(q, k, v, mask):

@@ -504,3 +504,17 @@ def test_docstring_example(monkeypatch):
                         raising=False)
     result = doctest.testmod(routing_module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_fused_path_with_a_different_value_size():
+    """value_dim != key_dim through the fused kernel (JAX's needs equal
+    sizes: the library pads) equals the reference."""
+    x = _x(T=20)
+    layer = RoutingAttention(num_heads=2, key_dim=8, value_dim=5, num_clusters=3,
+                             local_heads=1, local_window=4, implementation="routed_fused")
+    out = to_np(layer(x, x, use_causal_mask=True))
+    ref = RoutingAttention(num_heads=2, key_dim=8, value_dim=5, num_clusters=3,
+                           local_heads=1, local_window=4, implementation="reference")
+    ref(x, x)
+    ref.set_weights(layer.get_weights())
+    assert rel_error(out, to_np(ref(x, x, use_causal_mask=True))) < 1e-5
