@@ -37,6 +37,7 @@ length, c summary width.
 
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -372,7 +373,7 @@ def sparse_attention(
             return _column_part(q, k, v, valid, pat, l, dropout_fn)
         if fused:
             return _fused_summary_part(q, k, v, valid, pat, l, c, causal), None
-        return _summary_part(q, k, v, valid, pat, l, c, dropout_fn)
+        return _summary_part(q, k, v, valid, pat, l, c, dropout_fn, causal)
 
     if combination == "first":
         out, _ = part_a(query, key, value, first)
@@ -482,30 +483,73 @@ def _column_part(query, key, value, valid, pattern, l, dropout_fn):
     return out, lse
 
 
-def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn):
-    """Every query against the ``m * c`` summary keys, the last ``c`` cells
-    of each block (fixed B). O(N * m * c)."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+#: Query groups of the summary part (fixed B) with causal attention.
+_SUMMARY_GROUPS = 8
+#: Above this many scores per example in one group, the einsum summary part
+#: recomputes the group's attention in the backward pass (keras.remat)
+#: instead of storing its weights, so that long sequences fit in memory.
+_SUMMARY_REMAT_SCORES = 1 << 25
+
+
+def _summary_keys(key, value, valid, l, c):
+    """The summary keys (last ``c`` cells of every block), their values,
+    validity ``(B or 1, m * c)`` and static positions ``(m * c,)``."""
+    N, H, d = key.shape[1], key.shape[2], key.shape[3]
     dv = value.shape[3]
     m = N // l
-    # The last c cells of every block: (B, m * c, ...).
     k = ops.reshape(ops.reshape(key, (-1, m, l, H, d))[:, :, l - c :], (-1, m * c, H, d))
     v = ops.reshape(ops.reshape(value, (-1, m, l, H, dv))[:, :, l - c :], (-1, m * c, H, dv))
     kv_valid = ops.reshape(ops.reshape(valid, (-1, m, l))[:, :, l - c :], (-1, m * c))
-    q_pos = np.arange(N, dtype="int32")
-    k_pos = (np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32"))
-    allowed = pattern.allowed(
-        _positions(q_pos[None, None, :, None]), _positions(k_pos.reshape(1, 1, 1, m * c))
-    )  # (1, 1, N, m * c)
-    mask = ops.logical_and(allowed, kv_valid[:, None, None, :])  # (B, 1, N, m * c)
-    # (B, N, H, d) x (B, m * c, H, d) -> (B, H, N, m * c)
-    scores = ops.einsum("bqhd,bkhd->bhqk", query, k)
-    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, H, N)
-    if dropout_fn is not None:
-        probs = dropout_fn(probs)
-    # (B, H, N, m * c) x (B, m * c, H, dv) -> (B, N, H, dv)
-    out = ops.einsum("bhqk,bkhd->bqhd", probs, v)
-    return out, ops.transpose(lse, (0, 2, 1))
+    k_pos = np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32")
+    return k, v, kv_valid, k_pos.reshape(-1)
+
+
+def _summary_groups(m, causal):
+    """Query groups of the summary part: ``(first block, end block, summary
+    blocks read)`` each. Causal: up to 8 groups of whole blocks, each
+    reading the summaries up to its own last block (about 56% of the
+    summary scores); bidirectional: one group reading every summary."""
+    if not causal:
+        return [(0, m, m)]
+    groups = min(_SUMMARY_GROUPS, m)
+    bounds = [round(g * m / groups) for g in range(groups + 1)]
+    return [(bounds[g], bounds[g + 1], bounds[g + 1]) for g in range(groups)]
+
+
+def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=True):
+    """Every query against the summary keys, the last ``c`` cells of each
+    block (fixed B), in the query groups of :func:`_summary_groups`.
+    O(N * m * c); a group with many scores is recomputed in the backward
+    pass rather than stored (without dropout)."""
+    N, H = query.shape[1], query.shape[2]
+    m = N // l
+    k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
+    outs, lses = [], []
+    for first, end, read in _summary_groups(m, causal):
+        q_pos = np.arange(first * l, end * l, dtype="int32")
+        kn = read * c
+        allowed = pattern.allowed(
+            _positions(q_pos[None, None, :, None]), _positions(k_pos[None, None, None, :kn])
+        )  # (1, 1, Tg, kn)
+        mask = ops.logical_and(allowed, kv_valid[:, None, None, :kn])  # (B, 1, Tg, kn)
+
+        def attend(q, k, v, mask=mask):
+            # (B, Tg, H, d) x (B, kn, H, d) -> (B, H, Tg, kn)
+            scores = ops.einsum("bqhd,bkhd->bhqk", q, k)
+            probs, lse = softmax_with_lse(scores, mask)  # lse: (B, H, Tg)
+            if dropout_fn is not None:
+                probs = dropout_fn(probs)
+            # (B, H, Tg, kn) x (B, kn, H, dv) -> (B, Tg, H, dv)
+            return ops.einsum("bhqk,bkhd->bqhd", probs, v), lse
+
+        if dropout_fn is None and len(q_pos) * kn * H > _SUMMARY_REMAT_SCORES:
+            attend = keras.remat(attend)
+        out, lse = attend(query[:, first * l : end * l], k[:, :kn], v[:, :kn])
+        outs.append(out)
+        lses.append(ops.transpose(lse, (0, 2, 1)))
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return ops.concatenate(outs, axis=1), ops.concatenate(lses, axis=1)
 
 
 # ------------------------------------------------------------ fused parts
@@ -575,36 +619,24 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
     return ops.reshape(out, (-1, N, H, dv))
 
 
-#: Query groups of the fused fixed-B part with causal attention.
-_SUMMARY_GROUPS = 8
-
-
 def _fused_summary_part(query, key, value, valid, pattern, l, c, causal):
-    """Fixed B: queries against the ``m * c`` summary keys. With causal
-    attention the queries are cut into up to 8 groups of whole blocks; a
-    group reads only the summaries up to its own last block."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
-    dv = value.shape[3]
-    m = N // l
-    k = ops.reshape(ops.reshape(key, (-1, m, l, H, d))[:, :, l - c :], (-1, m * c, H, d))
-    v = ops.reshape(ops.reshape(value, (-1, m, l, H, dv))[:, :, l - c :], (-1, m * c, H, dv))
-    kv_valid = ops.reshape(ops.reshape(valid, (-1, m, l))[:, :, l - c :], (-1, m * c))
-    k_pos = (np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32"))
-    k_pos = k_pos.reshape(-1)
-    groups = min(_SUMMARY_GROUPS, m) if causal else 1
-    bounds = [round(g * m / groups) for g in range(groups + 1)]
+    """Fixed B through the fused kernel, in the query groups of
+    :func:`_summary_groups`."""
+    m = query.shape[1] // l
+    k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
     batch = ops.shape(query)[0]
     outs = []
-    for g in range(groups):
-        first, last = bounds[g] * l, bounds[g + 1] * l  # query positions
-        kn = bounds[g + 1] * c if causal else m * c  # summaries it may read
-        q_pos = np.arange(first, last, dtype="int32")
+    for first, end, read in _summary_groups(m, causal):
+        q_pos = np.arange(first * l, end * l, dtype="int32")
+        kn = read * c
         allowed = pattern.allowed(
             _positions(q_pos[:, None]), _positions(k_pos[None, :kn])
         )  # (Tg, kn)
         mask = ops.logical_and(allowed[None], kv_valid[:, None, :kn])  # (B or 1, Tg, kn)
-        mask = ops.broadcast_to(mask, (batch, last - first, kn))[:, None]
-        out = _dot_product_attention(query[:, first:last], k[:, :kn], v[:, :kn], mask=mask)
+        mask = ops.broadcast_to(mask, (batch, len(q_pos), kn))[:, None]
+        out = _dot_product_attention(
+            query[:, first * l : end * l], k[:, :kn], v[:, :kn], mask=mask
+        )
         visible = ops.any(mask[:, 0], axis=-1)  # (B, Tg)
         outs.append(ops.where(visible[:, :, None, None], out, ops.zeros_like(out)))
     return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)

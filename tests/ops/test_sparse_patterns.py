@@ -340,3 +340,30 @@ def test_runs_at_16384_positions():
     elapsed = time.perf_counter() - start
     assert out.shape == (1, n, 2, 8) and np.all(np.isfinite(out))
     assert elapsed < 60.0, f"{elapsed:.1f} s"
+
+
+def test_summary_groups_with_recomputation_match(monkeypatch):
+    """The summary part's query groups, recomputed in the backward pass
+    (as for long sequences), give the reference's values and the same
+    gradients as storing the weights."""
+    q, k, v, key_mask = _inputs(23, 23)
+    ref = _dense_reference(q, k, v, key_mask, "fixed", 4, 1, "merged", True)
+
+    def f(x):
+        return sp.sparse_attention(x, k, v, "fixed", 4, 1, "merged", True, key_mask=key_mask)
+
+    stored = input_gradient(f, q)
+    monkeypatch.setattr(sp, "_SUMMARY_REMAT_SCORES", 0)
+    out = to_np(f(q))
+    assert rel_error(out, ref) < 1e-5
+    recomputed = input_gradient(f, q)
+    assert np.all(np.isfinite(recomputed))
+    assert rel_error(recomputed, stored) < 1e-5
+
+
+def test_summary_groups_cover_the_blocks():
+    assert sp._summary_groups(5, causal=False) == [(0, 5, 5)]
+    groups = sp._summary_groups(20, causal=True)
+    assert len(groups) == 8 and groups[0][0] == 0 and groups[-1][1] == 20
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+    assert all(read == end for _, end, read in groups)
