@@ -38,6 +38,7 @@ import functools
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_longattn.ops.blocked import fused_dot_product_attention
@@ -677,8 +678,6 @@ def clustered_window_attention(
         q_buf = gather_tokens(q, src)
         k_buf = gather_tokens(k, src)
         v_buf = gather_tokens(v, src)
-        pos = src
-        is_query = layout["filled"]
         is_key = layout["filled"]
     else:
         key_clusters = ops.cast(key_clusters, "int32")
@@ -697,8 +696,6 @@ def clustered_window_attention(
         q_buf = gather_tokens(q, ops.clip(src, 0, T - 1))
         k_buf = gather_tokens(k, ops.clip(src - T, 0, S - 1))
         v_buf = gather_tokens(v, ops.clip(src - T, 0, S - 1))
-        pos = ops.where(is_q_item, src, src - T)
-        is_query = ops.logical_and(layout["filled"], is_q_item)
         is_key = ops.logical_and(layout["filled"], ops.logical_not(is_q_item))
     L = src.shape[-1]
     G = L // w
@@ -717,20 +714,39 @@ def clustered_window_attention(
     qb = blocks(q_buf)
     kb = context(k_buf)
     vb = context(v_buf)
-    row_cluster = blocks(cluster)
-    row_pos = blocks(pos)
-    row_src = blocks(src)
-    col_cluster = context(ops.where(is_key, cluster, -2), fill=-2)
-    col_pos = context(pos)
-    col_src = context(src)
-    mask = ops.logical_and(
-        ops.equal(row_cluster[..., :, None], col_cluster[..., None, :]),
-        ops.less_equal(col_pos[..., None, :], row_pos[..., :, None]),
+    # A chunk never mixes clusters, and inside a cluster the members are in
+    # position order (a key before the query of its position). So a query
+    # sees: every key of the previous chunk when that chunk belongs to the
+    # same cluster, and the keys of its own chunk in earlier slots. That is
+    # a per-column flag (is a key, and its chunk counts) AND a static
+    # (w, 2w) layout, instead of comparing positions and clusters per pair.
+    chunk_cluster = blocks(cluster)[..., 0]  # (B, H, G); -1: empty chunk
+    prev_cluster = ops.concatenate(
+        [ops.full_like(chunk_cluster[..., :1], -1), chunk_cluster[..., :-1]], axis=-1
     )
-    mask = ops.logical_and(mask, blocks(is_query)[..., :, None])
+    same_prev = ops.logical_and(
+        ops.equal(prev_cluster, chunk_cluster), ops.greater_equal(chunk_cluster, 0)
+    )
+    key_cols = context(is_key, fill=False)  # (B, H, G, 2w)
+    col_ok = ops.logical_and(
+        key_cols,
+        ops.concatenate(
+            [
+                ops.repeat(same_prev[..., None], w, axis=-1),
+                ops.ones_like(key_cols[..., w:]),
+            ],
+            axis=-1,
+        ),
+    )
+    # Own half: earlier slots (and the slot itself when shared: a token is
+    # both query and key; see the self rule below).
+    own = np.tril(np.ones((w, w), bool), k=0 if shared else -1)
+    band = np.concatenate([np.ones((w, w), bool), own], axis=1)  # (w, 2w)
+    mask = ops.logical_and(ops.convert_to_tensor(band), col_ok[..., None, :])
     if shared:
+        is_self = np.concatenate([np.zeros((w, w), bool), np.eye(w, dtype=bool)], axis=1)
         mask = exclude_self_unless_alone(
-            mask, ops.equal(row_src[..., :, None], col_src[..., None, :])
+            mask, ops.broadcast_to(ops.convert_to_tensor(is_self), ops.shape(mask))
         )
     if fused and dropout_fn is None:
         out, _ = _fused_cluster_blocks(qb, kb, vb, mask, scale)
