@@ -70,14 +70,6 @@ class LocalAttention(BaseAttention):
 
     implementations = ("blocked", "blocked_fused")
 
-    def auto_order(self):
-        # PyTorch's fused scaled_dot_product_attention on the block layout is
-        # several times faster than explicit einsums there; XLA (JAX,
-        # TensorFlow) fuses the explicit form as well.
-        if keras.backend.backend() == "torch":
-            return ("blocked_fused", "blocked")
-        return ("blocked", "blocked_fused")
-
     def _unsupported_blocked_fused(self, context):
         if self.dropout > 0.0 and context.training:
             return "attention dropout in training needs explicit weights"

@@ -208,14 +208,6 @@ class RoutingAttention(BaseAttention):
 
     implementations = ("routed", "routed_fused")
 
-    def auto_order(self):
-        # PyTorch's fused scaled_dot_product_attention over the cluster
-        # blocks is several times faster than explicit einsums there; XLA
-        # (JAX, TensorFlow) fuses the explicit form as well.
-        if keras.backend.backend() == "torch":
-            return ("routed_fused", "routed")
-        return ("routed", "routed_fused")
-
     def __init__(
         self,
         num_heads,

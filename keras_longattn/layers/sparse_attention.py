@@ -127,15 +127,6 @@ class SparseAttention(BaseAttention):
 
     implementations = ("blocked", "blocked_fused")
 
-    def auto_order(self):
-        # PyTorch's fused scaled_dot_product_attention (flash attention on
-        # CPU) over the same block layouts is several times faster than
-        # explicit einsums there; XLA (JAX, TensorFlow) fuses the explicit
-        # form as well.
-        if keras.backend.backend() == "torch":
-            return ("blocked_fused", "blocked")
-        return ("blocked", "blocked_fused")
-
     def _unsupported_blocked_fused(self, context):
         if self.combination == "merged":
             return "combination='merged' needs each part's log-sum-exp"

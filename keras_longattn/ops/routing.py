@@ -415,23 +415,33 @@ def balanced_cluster_attention(
         mask = _and(mask, ops.less_equal(k_pos, q_pos))
     if exclude_self:
         mask = exclude_self_unless_alone(mask, ops.equal(k_pos, q_pos))
-    if fused and dropout_fn is None:
-        out, seen = _fused_cluster_blocks(qg, kg, vg, mask, scale)
-    else:
-        qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
-        scores = ops.einsum("bhcqd,bhckd->bhcqk", qg, kg)
-        probs = masked_softmax(scores, mask, axis=-1)
-        if dropout_fn is not None:
-            probs = dropout_fn(probs)
-        out = ops.einsum("bhcqk,bhckd->bhcqd", probs, vg)
-        # A query's output is the mean over the clusters in which it sees a key.
-        if mask is None:
-            seen = None
-        else:
-            mask = ops.broadcast_to(mask, ops.shape(scores))
-            seen = ops.any(mask, axis=-1)  # (B, H, k, wq)
+    out, seen = _cluster_blocks(qg, kg, vg, mask, scale, dropout_fn, fused)
+    # A query's output is the mean over the clusters in which it sees a key.
     out = scatter_sum_mean(out, query_indices, T, weights=seen)
     return ops.transpose(out, (0, 2, 1, 3))
+
+
+def _cluster_blocks(qg, kg, vg, mask, scale, dropout_fn=None, fused=False):
+    """Dense attention inside every block of ``(B, H, G, w, .)`` layouts.
+
+    ``qg`` ``(B, H, G, wq, d)``, ``kg``/``vg`` ``(B, H, G, wk, d|dv)``,
+    ``mask`` broadcastable to ``(B, H, G, wq, wk)`` or None. With ``fused``
+    (and no ``dropout_fn``) through :func:`_fused_cluster_blocks`, else
+    with explicit einsums and a masked softmax. Returns the outputs
+    ``(B, H, G, wq, dv)`` (zeros where a query sees no key) and the boolean
+    ``(B, H, G, wq)`` of the queries that see a key (None without a mask).
+    """
+    if fused and dropout_fn is None:
+        return _fused_cluster_blocks(qg, kg, vg, mask, scale)
+    qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
+    scores = ops.einsum("bhgqd,bhgkd->bhgqk", qg, kg)
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vg)
+    if mask is None:
+        return out, None
+    return out, ops.any(ops.broadcast_to(mask, ops.shape(scores)), axis=-1)
 
 
 def _fused_cluster_blocks(qg, kg, vg, mask, scale):
@@ -748,15 +758,7 @@ def clustered_window_attention(
         mask = exclude_self_unless_alone(
             mask, ops.broadcast_to(ops.convert_to_tensor(is_self), ops.shape(mask))
         )
-    if fused and dropout_fn is None:
-        out, _ = _fused_cluster_blocks(qb, kb, vb, mask, scale)
-    else:
-        qb = ops.multiply(qb, ops.cast(scale, qb.dtype))
-        scores = ops.einsum("bhgqd,bhgkd->bhgqk", qb, kb)
-        probs = masked_softmax(scores, mask, axis=-1)
-        if dropout_fn is not None:
-            probs = dropout_fn(probs)
-        out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vb)
+    out, _ = _cluster_blocks(qb, kb, vb, mask, scale, dropout_fn, fused)
     out = ops.reshape(out, (-1, H, L, out.shape[-1]))
     slot = layout["slot"][..., :T]
     placed = layout["placed"][..., :T]
