@@ -126,13 +126,6 @@ def sphere_normalize(x, epsilon=1e-6):
     """
     x = ops.cast(x, "float32")
     d = x.shape[-1]
-    if keras.backend.backend() == "torch":
-        # One fused kernel (and its backward) instead of six element-wise
-        # passes; the same arithmetic.
-        import torch
-
-        x = ops.convert_to_tensor(x)
-        return torch.nn.functional.layer_norm(x, (d,), eps=epsilon) * (1.0 / math.sqrt(float(d)))
     centered = x - ops.mean(x, axis=-1, keepdims=True)
     var = ops.mean(ops.square(centered), axis=-1, keepdims=True)
     return centered * ops.rsqrt(var + epsilon) * (1.0 / math.sqrt(float(d)))
@@ -174,17 +167,8 @@ def nearest_centroid(similarity, valid=None):
         cluster).
     """
     k = similarity.shape[2]
-    if keras.backend.backend() == "torch":
-        # max over the centroid axis in place: about twice as fast as argmax
-        # (first maximum on ties, as argmax).
-        import torch
-
-        idx = torch.max(ops.convert_to_tensor(similarity), dim=2).indices.to(torch.int32)
-    else:
-        # argmax over a contiguous last axis (faster than over axis 2).
-        idx = ops.cast(
-            ops.argmax(ops.transpose(similarity, (0, 1, 3, 2)), axis=-1), "int32"
-        )
+    # argmax over a contiguous last axis (faster than over axis 2).
+    idx = ops.cast(ops.argmax(ops.transpose(similarity, (0, 1, 3, 2)), axis=-1), "int32")
     if valid is not None:
         valid = ops.cast(valid, "bool")[:, None, :]
         idx = ops.where(valid, idx, ops.full_like(idx, k))
