@@ -578,8 +578,9 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
             when = (full_results or {}).get("finished") or "committed"
             note = {
                 "cell_type": "markdown", "metadata": {}, "id": "full-size-run",
-                "source": ("!!! info \"Full-size run\"\n"
-                           f"    The outputs below are the committed full-size run "
+                # Plain markdown: notebook cells do not get mkdocs admonitions.
+                "source": ("> **Full-size run.** "
+                           f"The outputs below are the committed full-size run "
                            f"(`docs/results/{slug}.ipynb`, backend "
                            f"`{(full_results or {}).get('backend', '?')}`, "
                            f"{(full_results or {}).get('wall_time_s', '?')} s). Every test run "
@@ -596,8 +597,8 @@ def generate_notebooks(src: Path = NOTEBOOKS_SRC, build: Path = NOTEBOOKS_BUILD,
             notebook = json.loads((src / f"{slug}.ipynb").read_text(encoding="utf-8"))
             note = {
                 "cell_type": "markdown", "metadata": {}, "id": "not-executed",
-                "source": ("!!! warning \"Not executed in this build\"\n"
-                           f"    This copy has no outputs: run `keras-longattn reproduce {slug}` "
+                "source": ("> **Not executed in this build.** "
+                           f"This copy has no outputs: run `keras-longattn reproduce {slug}` "
                            "before building the docs to see them."),
             }
             notebook["cells"].insert(1, note)
