@@ -122,7 +122,7 @@ def blocked_band_attention(
     q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, nb, na)
 
     if fused:
-        out = _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv)
+        out = fused_blocks(q, k, v, mask, scale)
     else:
         q = ops.multiply(q, ops.cast(scale, q.dtype))
         # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
@@ -176,41 +176,56 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
 
 
 def fused_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
-    """``keras.ops.dot_product_attention`` for any value head size.
+    """``keras.ops.dot_product_attention`` under the library's contract.
 
-    JAX's kernel needs the value head size to equal the query's: there the
-    smaller side is zero-padded (zero query/key columns add nothing to the
-    scores; zero value columns are cut from the output). Other backends
-    call the kernel as it is.
+    ``q`` ``(B, T, H, d)``, ``k``/``v`` ``(B, S, H, d|dv)``, ``mask`` boolean
+    broadcastable to ``(B, H, T, S)`` or None. Two differences from the bare
+    kernel: a query whose mask row has no True entry gets a zero output (the
+    kernel would average every key), and any value head size works (JAX's
+    kernel needs it equal to the query's: there the smaller side is
+    zero-padded; zero query/key columns add nothing to the scores, zero
+    value columns are cut from the output).
     """
     d, dv = q.shape[-1], v.shape[-1]
     if d == dv or keras.backend.backend() != "jax":
-        return ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-    if scale is None:
-        scale = 1.0 / float(d) ** 0.5
-    width = max(d, dv)
+        out = ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    else:
+        if scale is None:
+            scale = 1.0 / float(d) ** 0.5
+        width = max(d, dv)
 
-    def widen(x):
-        pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
-        return x if x.shape[-1] == width else ops.pad(x, pad)
+        def widen(x):
+            pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
+            return x if x.shape[-1] == width else ops.pad(x, pad)
 
-    out = ops.dot_product_attention(
-        widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=scale
-    )
-    return out[..., :dv]
+        out = ops.dot_product_attention(
+            widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=scale
+        )[..., :dv]
+    if mask is None:
+        return out
+    mask = ops.cast(mask, "bool")
+    while len(mask.shape) < 4:
+        mask = ops.expand_dims(mask, 0)
+    # (B|1, H|1, T) -> (B|1, T, H|1, 1), against out (B, T, H, dv).
+    visible = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]
+    return ops.where(visible, out, ops.zeros_like(out))
 
 
-def _fused_blocks(q, k, v, mask, scale, n, b, C, H, d, dv):
-    """Every block as one item of a batched ``dot_product_attention``."""
+def fused_blocks(q, k, v, mask, scale=None):
+    """Every block as one item of a batched :func:`fused_dot_product_attention`.
+
+    ``q`` ``(B, n, b, H, d)``, ``k``/``v`` ``(B, n, C, H, d|dv)``, ``mask``
+    boolean ``(B or 1, n, b, C)``. Returns ``(B, n, b, H, dv)``, zeros where
+    a query sees no key.
+    """
+    n, b, H, d = q.shape[1], q.shape[2], q.shape[3], q.shape[4]
+    C, dv = k.shape[2], v.shape[4]
     qf = ops.reshape(q, (-1, b, H, d))  # (B*n, b, H, d)
     kf = ops.reshape(k, (-1, C, H, d))
     vf = ops.reshape(v, (-1, C, H, dv))
     mask = ops.broadcast_to(mask, (ops.shape(q)[0], n, b, C))
     mf = ops.reshape(mask, (-1, 1, b, C))  # (B*n, 1, b, C)
     out = fused_dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
-    # Rows with no visible key: the contract is a zero output.
-    visible = ops.any(mf[:, 0], axis=-1)  # (B*n, b)
-    out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
     return ops.reshape(out, (-1, n, b, H, dv))
 
 

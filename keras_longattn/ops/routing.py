@@ -260,11 +260,11 @@ def gather_flags(x, indices):
     return ops.reshape(out, (-1,) + shape[1:])
 
 
-def scatter_sum_mean(values, indices, length, weights=None, heads_last=False):
-    """Like :func:`scatter_mean`, counting only the rows where ``weights``
-    (boolean ``(B, H, k, w)``, None for all) is True; rows with weight False
-    must hold zeros. Returns the mean only: ``(B, H, length, dv)``, or
-    ``(B, length, H, dv)`` with ``heads_last``."""
+def _scatter_means(values, indices, length, weights, heads_last):
+    """Sums of the rows sent to each position over the weights sent there:
+    ``(mean, counts)`` with ``mean`` ``(B, H, length, dv)`` (or
+    ``(B, length, H, dv)`` with ``heads_last``) in the dtype of ``values``
+    and float32 ``counts`` flat ``(B * H * length,)``."""
     H = values.shape[1]
     dv = values.shape[-1]
     batch = _dim(values, 0)
@@ -279,9 +279,16 @@ def scatter_sum_mean(values, indices, length, weights=None, heads_last=False):
         ops.reshape(ops.cast(weights, "float32"), (-1,)), ids, num_segments=num
     )
     mean = ops.cast(sums / ops.maximum(counts, 1.0)[:, None], values.dtype)
-    if heads_last:
-        return ops.reshape(mean, (-1, length, H, dv))
-    return ops.reshape(mean, (-1, H, length, dv))
+    shape = (-1, length, H, dv) if heads_last else (-1, H, length, dv)
+    return ops.reshape(mean, shape), counts
+
+
+def scatter_sum_mean(values, indices, length, weights=None, heads_last=False):
+    """Like :func:`scatter_mean`, counting only the rows where ``weights``
+    (boolean ``(B, H, k, w)``, None for all) is True; rows with weight False
+    must hold zeros. Returns the mean only: ``(B, H, length, dv)``, or
+    ``(B, length, H, dv)`` with ``heads_last``."""
+    return _scatter_means(values, indices, length, weights, heads_last)[0]
 
 
 @backend_jit(("length",))
@@ -297,21 +304,8 @@ def scatter_mean(values, indices, length):
         ``(B, H, length, dv)`` in the dtype of ``values``, and the float32
         counts ``(B, H, length)``.
     """
-    H = values.shape[1]
-    dv = values.shape[-1]
-    batch = _dim(values, 0)
-    base = ops.reshape(ops.arange(batch * H, dtype="int32") * length, (-1, H, 1, 1))
-    ids = ops.reshape(ops.cast(indices, "int32") + base, (-1,))
-    num = batch * H * length
-    sums = segment_sum(
-        ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num_segments=num
-    )
-    counts = segment_sum(
-        ops.ones_like(ids, dtype="float32"), ids, num_segments=num
-    )
-    mean = sums / ops.maximum(counts, 1.0)[:, None]
-    mean = ops.reshape(ops.cast(mean, values.dtype), (-1, H, length, dv))
-    return mean, ops.reshape(counts, (-1, H, length))
+    mean, counts = _scatter_means(values, indices, length, None, False)
+    return mean, ops.reshape(counts, (-1, values.shape[1], length))
 
 
 # ------------------------------------------------------------- statistics
@@ -478,12 +472,10 @@ def _fused_cluster_blocks(qg, kg, vg, mask, scale):
         out = fused_dot_product_attention(qf, kf, vf, scale=scale)
         return ops.reshape(out, shape[:4] + (dv,)), None
     mask = ops.broadcast_to(mask, shape[:4] + (wk,))
-    mf = ops.reshape(mask, (-1, 1, wq, wk))
-    out = fused_dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
-    seen = ops.any(mask, axis=-1)
-    out = ops.reshape(out, shape[:4] + (dv,))
-    out = ops.where(seen[..., None], out, ops.zeros_like(out))
-    return out, seen
+    out = fused_dot_product_attention(
+        qf, kf, vf, mask=ops.reshape(mask, (-1, 1, wq, wk)), scale=scale
+    )
+    return ops.reshape(out, shape[:4] + (dv,)), ops.any(mask, axis=-1)
 
 
 @backend_jit(("causal", "exclude_self", "scale"))

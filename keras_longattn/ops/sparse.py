@@ -43,6 +43,7 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _check_positive_int
 from keras_longattn.ops.blocked import band_blocks
+from keras_longattn.ops.blocked import fused_blocks
 from keras_longattn.ops.blocked import fused_dot_product_attention
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.patterns import AttentionPattern
@@ -363,7 +364,8 @@ def sparse_attention(
             if pattern == "fixed" and all_valid:
                 return _fused_fixed_blocks(q, k, v, l, causal), None
             q, k, v, mask = band_blocks(q, k, v, valid, pat, l, before, after)
-            return _fused_masked(q, k, v, mask), None
+            out = fused_blocks(q, k, v, mask, scale=1.0)  # queries already scaled
+            return ops.reshape(out, (-1, q.shape[1] * l) + tuple(out.shape[3:])), None
         return _band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
 
     def part_b(q, k, v, pat):
@@ -516,6 +518,21 @@ def _summary_groups(m, causal):
     return [(bounds[g], bounds[g + 1], bounds[g + 1]) for g in range(groups)]
 
 
+def _summary_group_masks(pattern, kv_valid, k_pos, l, c, m, causal):
+    """For each query group of :func:`_summary_groups`: its query positions
+    ``start:stop``, the number ``kn`` of summaries it reads, and its mask
+    ``(B or 1, 1, stop - start, kn)`` (the pattern on static positions AND
+    key validity)."""
+    for first, end, read in _summary_groups(m, causal):
+        q_pos = np.arange(first * l, end * l, dtype="int32")
+        kn = read * c
+        allowed = pattern.allowed(
+            _positions(q_pos[None, None, :, None]), _positions(k_pos[None, None, None, :kn])
+        )  # (1, 1, Tg, kn)
+        mask = ops.logical_and(allowed, kv_valid[:, None, None, :kn])
+        yield first * l, end * l, kn, mask
+
+
 def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=True):
     """Every query against the summary keys, the last ``c`` cells of each
     block (fixed B), in the query groups of :func:`_summary_groups`.
@@ -525,13 +542,7 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=Tr
     m = N // l
     k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
     outs, lses = [], []
-    for first, end, read in _summary_groups(m, causal):
-        q_pos = np.arange(first * l, end * l, dtype="int32")
-        kn = read * c
-        allowed = pattern.allowed(
-            _positions(q_pos[None, None, :, None]), _positions(k_pos[None, None, None, :kn])
-        )  # (1, 1, Tg, kn)
-        mask = ops.logical_and(allowed, kv_valid[:, None, None, :kn])  # (B, 1, Tg, kn)
+    for start, stop, kn, mask in _summary_group_masks(pattern, kv_valid, k_pos, l, c, m, causal):
 
         def attend(q, k, v, mask=mask):
             # (B, Tg, H, d) x (B, kn, H, d) -> (B, H, Tg, kn)
@@ -542,9 +553,9 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=Tr
             # (B, H, Tg, kn) x (B, kn, H, dv) -> (B, Tg, H, dv)
             return ops.einsum("bhqk,bkhd->bqhd", probs, v), lse
 
-        if dropout_fn is None and len(q_pos) * kn * H > _SUMMARY_REMAT_SCORES:
+        if dropout_fn is None and (stop - start) * kn * H > _SUMMARY_REMAT_SCORES:
             attend = keras.remat(attend)
-        out, lse = attend(query[:, first * l : end * l], k[:, :kn], v[:, :kn])
+        out, lse = attend(query[:, start:stop], k[:, :kn], v[:, :kn])
         outs.append(out)
         lses.append(ops.transpose(lse, (0, 2, 1)))
     if len(outs) == 1:
@@ -558,22 +569,6 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=Tr
 def _dot_product_attention(q, k, v, mask=None, is_causal=False):
     # Queries are already scaled.
     return fused_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0)
-
-
-def _fused_masked(q, k, v, mask):
-    """Blocks ``q`` ``(B, n, b, H, d)`` against ``k``/``v`` ``(B, n, C, H, .)``
-    under ``mask`` ``(B or 1, n, b, C)``; zeros where a query sees no key."""
-    n, b, H = q.shape[1], q.shape[2], q.shape[3]
-    C, dv = k.shape[2], v.shape[4]
-    batch = ops.shape(q)[0]
-    qf = ops.reshape(q, (-1, b, H, q.shape[4]))
-    kf = ops.reshape(k, (-1, C, H, k.shape[4]))
-    vf = ops.reshape(v, (-1, C, H, dv))
-    mf = ops.reshape(ops.broadcast_to(mask, (batch, n, b, C)), (-1, 1, b, C))
-    out = _dot_product_attention(qf, kf, vf, mask=mf)
-    visible = ops.any(mf[:, 0], axis=-1)  # (B*n, b)
-    out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
-    return ops.reshape(out, (-1, n * b, H, dv))
 
 
 def _fused_fixed_blocks(query, key, value, l, causal):
@@ -613,8 +608,6 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
         batch = ops.shape(query)[0]
         mask = ops.reshape(ops.broadcast_to(mask, (batch, l, m, m)), (-1, 1, m, m))
         out = _dot_product_attention(q, k, v, mask=mask)
-        visible = ops.any(mask[:, 0], axis=-1)  # (B * l, m)
-        out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
     out = ops.transpose(ops.reshape(out, (-1, l, m, H, dv)), (0, 2, 1, 3, 4))
     return ops.reshape(out, (-1, N, H, dv))
 
@@ -624,21 +617,12 @@ def _fused_summary_part(query, key, value, valid, pattern, l, c, causal):
     :func:`_summary_groups`."""
     m = query.shape[1] // l
     k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
-    batch = ops.shape(query)[0]
-    outs = []
-    for first, end, read in _summary_groups(m, causal):
-        q_pos = np.arange(first * l, end * l, dtype="int32")
-        kn = read * c
-        allowed = pattern.allowed(
-            _positions(q_pos[:, None]), _positions(k_pos[None, :kn])
-        )  # (Tg, kn)
-        mask = ops.logical_and(allowed[None], kv_valid[:, None, :kn])  # (B or 1, Tg, kn)
-        mask = ops.broadcast_to(mask, (batch, len(q_pos), kn))[:, None]
-        out = _dot_product_attention(
-            query[:, first * l : end * l], k[:, :kn], v[:, :kn], mask=mask
+    outs = [
+        _dot_product_attention(query[:, start:stop], k[:, :kn], v[:, :kn], mask=mask)
+        for start, stop, kn, mask in _summary_group_masks(
+            pattern, kv_valid, k_pos, l, c, m, causal
         )
-        visible = ops.any(mask[:, 0], axis=-1)  # (B, Tg)
-        outs.append(ops.where(visible[:, :, None, None], out, ops.zeros_like(out)))
+    ]
     return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)
 
 
