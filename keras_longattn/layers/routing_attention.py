@@ -353,17 +353,32 @@ class RoutingAttention(BaseAttention):
             q_valid = la_ops.combine_dense_masks(q_valid, k_valid)
             k_valid = q_valid
         centroids = ops.cast(self.centroids, "float32")
-        q_live = routing_ops.sphere_normalize(query)
-        k_live = q_live if self.shared_qk else routing_ops.sphere_normalize(key)
-        q_hat = ops.stop_gradient(q_live)
-        k_hat = ops.stop_gradient(k_live)
-        sim_q = routing_ops.centroid_similarity(q_hat, centroids)
-        sim_k = sim_q if self.shared_qk else routing_ops.centroid_similarity(k_hat, centroids)
         training = _is_training(context.training)
         commitment = add_losses and self.commitment_weight > 0.0
+        q_in, k_in = query, key
+        if not commitment:
+            # Routing is discrete: no gradient flows through it, so the
+            # projection runs on detached inputs (no autograd graph).
+            q_in, k_in = ops.stop_gradient(query), ops.stop_gradient(key)
+        q_live = routing_ops.sphere_normalize(q_in)
+        k_live = q_live if self.shared_qk else routing_ops.sphere_normalize(k_in)
+        q_hat = ops.stop_gradient(q_live)
+        k_hat = ops.stop_gradient(k_live)
+        # Similarities laid out (B, H, n, k): the nearest centroid is a
+        # contiguous argmax, and the top-w choice reads the same tensor.
+        sim_q = routing_ops.centroid_similarity(q_hat, centroids, clusters_last=True)
+        sim_k = (
+            sim_q
+            if self.shared_qk
+            else routing_ops.centroid_similarity(k_hat, centroids, clusters_last=True)
+        )
         if nearest or training or commitment or not balanced:
-            near_q = routing_ops.nearest_centroid(sim_q, q_valid)
-            near_k = near_q if self.shared_qk else routing_ops.nearest_centroid(sim_k, k_valid)
+            near_q = routing_ops.nearest_centroid(sim_q, q_valid, clusters_last=True)
+            near_k = (
+                near_q
+                if self.shared_qk
+                else routing_ops.nearest_centroid(sim_k, k_valid, clusters_last=True)
+            )
         else:  # balanced inference: the top-w choice alone routes
             near_q = near_k = None
 
@@ -393,11 +408,13 @@ class RoutingAttention(BaseAttention):
         )
         if balanced:
             wq, wk = self.routing_window(T), self.routing_window(S)
-            routing.query_indices = routing_ops.balanced_assignment(sim_q, wq, q_valid)
+            routing.query_indices = routing_ops.balanced_assignment(
+                sim_q, wq, q_valid, clusters_last=True
+            )
             routing.key_indices = (
                 routing.query_indices
                 if self.shared_qk
-                else routing_ops.balanced_assignment(sim_k, wk, k_valid)
+                else routing_ops.balanced_assignment(sim_k, wk, k_valid, clusters_last=True)
             )
             routing.window = wq
         else:

@@ -138,45 +138,53 @@ def l2_normalize(x, epsilon=1e-6):
     return x / ops.maximum(norm, epsilon)
 
 
-@backend_jit()
-def centroid_similarity(x_hat, centroids):
+@backend_jit(("clusters_last",))
+def centroid_similarity(x_hat, centroids, clusters_last=False):
     """Cosine similarity of normalised tokens with each centroid.
 
     Args:
         x_hat: ``(B, n, H, d)`` normalised tokens (:func:`sphere_normalize`).
         centroids: ``(H, k, d)``; normalised to unit length here.
+        clusters_last: return ``(B, H, n, k)`` (the layout in which
+            :func:`nearest_centroid` takes a contiguous argmax) instead of
+            ``(B, H, k, n)`` (the layout of the top-w choice).
 
     Returns:
-        float32 ``(B, H, k, n)``.
+        float32 ``(B, H, k, n)``, or ``(B, H, n, k)`` with ``clusters_last``.
     """
     mu = l2_normalize(centroids)
-    return ops.einsum("bnhd,hkd->bhkn", ops.cast(x_hat, "float32"), mu)
+    spec = "bnhd,hkd->bhnk" if clusters_last else "bnhd,hkd->bhkn"
+    return ops.einsum(spec, ops.cast(x_hat, "float32"), mu)
 
 
 # ------------------------------------------------------------- assignment
-@backend_jit()
-def nearest_centroid(similarity, valid=None):
+@backend_jit(("clusters_last",))
+def nearest_centroid(similarity, valid=None, clusters_last=False):
     """The k-means assignment: the most similar centroid of every token.
 
     Args:
-        similarity: ``(B, H, k, n)`` from :func:`centroid_similarity`.
+        similarity: ``(B, H, k, n)`` from :func:`centroid_similarity`, or
+            ``(B, H, n, k)`` with ``clusters_last`` (several times faster
+            on the torch backend: the argmax runs over a contiguous axis).
         valid: optional boolean ``(B, n)``; False marks padding.
+        clusters_last: the layout of ``similarity``.
 
     Returns:
         int32 ``(B, H, n)`` in ``[0, k)``; padded tokens get ``k`` (no
         cluster).
     """
-    k = similarity.shape[2]
-    # argmax over a contiguous last axis (faster than over axis 2).
-    idx = ops.cast(ops.argmax(ops.transpose(similarity, (0, 1, 3, 2)), axis=-1), "int32")
+    if not clusters_last:
+        similarity = ops.transpose(similarity, (0, 1, 3, 2))
+    k = similarity.shape[3]
+    idx = ops.cast(ops.argmax(similarity, axis=-1), "int32")
     if valid is not None:
         valid = ops.cast(valid, "bool")[:, None, :]
         idx = ops.where(valid, idx, ops.full_like(idx, k))
     return idx
 
 
-@backend_jit(("window",))
-def balanced_assignment(similarity, window, valid=None):
+@backend_jit(("window", "clusters_last"))
+def balanced_assignment(similarity, window, valid=None, clusters_last=False):
     """Balanced routing: each centroid takes its ``window`` most similar
     tokens (the authors' top-w), returned sorted by position.
 
@@ -184,15 +192,19 @@ def balanced_assignment(similarity, window, valid=None):
     similarity, so their content never changes which real tokens are chosen.
 
     Args:
-        similarity: ``(B, H, k, n)``.
+        similarity: ``(B, H, k, n)``, or ``(B, H, n, k)`` with
+            ``clusters_last`` (the layout :func:`nearest_centroid` prefers:
+            one similarity tensor serves both).
         window: members per cluster, ``1 <= window <= n``.
         valid: optional boolean ``(B, n)``; False marks padding.
+        clusters_last: the layout of ``similarity``.
 
     Returns:
         int32 ``(B, H, k, window)`` token positions, ascending in each
         cluster.
     """
-    n = similarity.shape[-1]
+    token_axis = 2 if clusters_last else 3
+    n = similarity.shape[token_axis]
     window = int(window)
     if not 1 <= window <= n:
         raise ValueError(
@@ -200,9 +212,19 @@ def balanced_assignment(similarity, window, valid=None):
             f"Received: window={window}"
         )
     if valid is not None:
-        valid = ops.cast(valid, "bool")[:, None, None, :]
+        valid = ops.cast(valid, "bool")[:, None, :]
+        valid = valid[..., None] if clusters_last else valid[:, :, None, :]
         similarity = ops.where(valid, similarity, EXCLUDED_SIMILARITY)
-    _, idx = ops.top_k(similarity, window)
+    if clusters_last and keras.backend.backend() == "torch":
+        import torch
+
+        # Top-w over the token axis in place (no transposed copy).
+        idx = torch.topk(similarity, window, dim=2, sorted=False).indices
+        idx = idx.transpose(2, 3)
+    else:
+        if clusters_last:
+            similarity = ops.transpose(similarity, (0, 1, 3, 2))
+        _, idx = ops.top_k(similarity, window)
     return ops.sort(ops.cast(idx, "int32"), axis=-1)
 
 
@@ -220,6 +242,22 @@ def _flat_token_ids(indices, batch, H, n, heads_last):
         return ops.reshape(indices * H + b + h, (-1,))
     base = ops.reshape(ops.arange(batch * H, dtype="int32") * n, (-1, H) + tail)
     return ops.reshape(indices + base, (-1,))
+
+
+def take_rows(x, rows):
+    """``x[rows]`` for a 2-D ``x`` and int ``rows`` ``(N,)``.
+
+    On torch this is ``index_select``, whose gradient is one ``index_add``;
+    ``keras.ops.take`` runs an embedding lookup there, whose gradient
+    (``embedding_dense_backward``) is about 4x slower on the CPU.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        x = ops.convert_to_tensor(x)
+        rows = ops.convert_to_tensor(rows).to(torch.int64)
+        return torch.index_select(x, 0, rows)
+    return ops.take(x, rows, axis=0)
 
 
 def gather_tokens(x, indices, heads_last=False):
@@ -242,7 +280,7 @@ def gather_tokens(x, indices, heads_last=False):
     # lookup on every backend, whose gradient is an indexed add
     # (take_along_axis broadcasts its indices to (..., d) instead).
     flat = _flat_token_ids(indices, ops.shape(x)[0], H, n, heads_last)
-    out = ops.take(ops.reshape(x, (-1, d)), flat, axis=0)
+    out = take_rows(ops.reshape(x, (-1, d)), flat)
     return ops.reshape(out, (-1,) + shape[1:] + (d,))
 
 
@@ -325,10 +363,11 @@ def cluster_statistics(x_hat, assignment, num_clusters):
     """
     H, d = x_hat.shape[2], x_hat.shape[3]
     k = int(num_clusters)
-    x = ops.transpose(ops.cast(x_hat, "float32"), (0, 2, 1, 3))  # (B, H, n, d)
-    head = ops.reshape(ops.arange(H, dtype="int32") * (k + 1), (1, H, 1))
-    ids = ops.reshape(ops.cast(assignment, "int32") + head, (-1,))
-    sums = segment_sum(ops.reshape(x, (-1, d)), ids, H * (k + 1))
+    # Ids in the (B, n, H) order of the tokens: no transposed copy of x_hat.
+    head = ops.reshape(ops.arange(H, dtype="int32") * (k + 1), (1, 1, H))
+    assignment = ops.transpose(ops.cast(assignment, "int32"), (0, 2, 1))
+    ids = ops.reshape(assignment + head, (-1,))
+    sums = segment_sum(ops.reshape(ops.cast(x_hat, "float32"), (-1, d)), ids, H * (k + 1))
     counts = segment_sum(
         ops.ones_like(ids, dtype="float32"), ids, num_segments=H * (k + 1)
     )
@@ -577,10 +616,7 @@ def cluster_window_layout(item_clusters, item_keys, num_clusters, window):
     item_clusters = ops.cast(item_clusters, "int32")
     order = ops.cast(ops.argsort(item_keys, axis=-1), "int32")  # (B, H, N)
     sorted_clusters = ops.take_along_axis(item_clusters, order, axis=-1)
-    ids = ops.arange(k, dtype="int32")
-    counts = ops.sum(
-        ops.cast(ops.equal(item_clusters[..., None], ids), "int32"), axis=2
-    )  # (B, H, k)
+    counts = _row_bincount(item_clusters, k)  # (B, H, k)
     start = ops.cumsum(counts, axis=-1) - counts
     chunks = (counts + (w - 1)) // w
     base = ops.cumsum(chunks, axis=-1) - chunks  # first chunk of each cluster
@@ -677,9 +713,6 @@ def clustered_window_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
     w = int(window)
-    q = ops.transpose(query, (0, 2, 1, 3))
-    k = ops.transpose(key, (0, 2, 1, 3))
-    v = ops.transpose(value, (0, 2, 1, 3))
     query_clusters = ops.cast(query_clusters, "int32")
     if shared:
         if T != S:
@@ -692,10 +725,8 @@ def clustered_window_attention(
         item_keys = item_clusters * T + positions
         layout = cluster_window_layout(item_clusters, item_keys, num_clusters, w)
         src = layout["source"]
-        q_buf = gather_tokens(q, src)
-        k_buf = gather_tokens(k, src)
-        v_buf = gather_tokens(v, src)
-        is_key = layout["filled"]
+        q_rows = k_rows = src  # every slot holds one token, query and key
+        is_key = is_query = layout["filled"]
     else:
         key_clusters = ops.cast(key_clusters, "int32")
         P = max(T, S)
@@ -710,10 +741,10 @@ def clustered_window_attention(
         layout = cluster_window_layout(item_clusters, item_keys, num_clusters, w)
         src = layout["source"]
         is_q_item = ops.less(src, T)
-        q_buf = gather_tokens(q, ops.clip(src, 0, T - 1))
-        k_buf = gather_tokens(k, ops.clip(src - T, 0, S - 1))
-        v_buf = gather_tokens(v, ops.clip(src - T, 0, S - 1))
+        q_rows = ops.clip(src, 0, T - 1)
+        k_rows = ops.clip(src - T, 0, S - 1)
         is_key = ops.logical_and(layout["filled"], ops.logical_not(is_q_item))
+        is_query = ops.logical_and(layout["filled"], is_q_item)
     L = src.shape[-1]
     G = L // w
     cluster = layout["cluster"]
@@ -728,9 +759,6 @@ def clustered_window_attention(
         prev = ops.concatenate([first, x[:, :, :-1]], axis=2)
         return ops.concatenate([prev, x], axis=3)
 
-    qb = blocks(q_buf)
-    kb = context(k_buf)
-    vb = context(v_buf)
     # A chunk never mixes clusters, and inside a cluster the members are in
     # position order (a key before the query of its position). So a query
     # sees: every key of the previous chunk when that chunk belongs to the
@@ -759,19 +787,156 @@ def clustered_window_attention(
     # both query and key; see the self rule below).
     own = np.tril(np.ones((w, w), bool), k=0 if shared else -1)
     band = np.concatenate([np.ones((w, w), bool), own], axis=1)  # (w, 2w)
-    mask = ops.logical_and(ops.convert_to_tensor(band), col_ok[..., None, :])
+    is_self = None
     if shared:
         is_self = np.concatenate([np.zeros((w, w), bool), np.eye(w, dtype=bool)], axis=1)
+    slot = layout["slot"][..., :T]
+    placed = layout["placed"][..., :T]
+    if fused and dropout_fn is None:
+        return _token_chunks_fused(
+            query, key, value, q_rows, is_query, context(k_rows), col_ok, band,
+            is_self, slot, placed, scale,
+        )
+    q = ops.transpose(query, (0, 2, 1, 3))
+    k = ops.transpose(key, (0, 2, 1, 3))
+    v = ops.transpose(value, (0, 2, 1, 3))
+    qb = blocks(gather_tokens(q, q_rows))
+    kb = context(gather_tokens(k, k_rows))
+    vb = context(gather_tokens(v, k_rows))
+    mask = ops.logical_and(ops.convert_to_tensor(band), col_ok[..., None, :])
+    if shared:
         mask = exclude_self_unless_alone(
             mask, ops.broadcast_to(ops.convert_to_tensor(is_self), ops.shape(mask))
         )
-    out, _ = _cluster_blocks(qb, kb, vb, mask, scale, dropout_fn, fused)
+    out, _ = _cluster_blocks(qb, kb, vb, mask, scale, dropout_fn)
     out = ops.reshape(out, (-1, H, L, out.shape[-1]))
-    slot = layout["slot"][..., :T]
-    placed = layout["placed"][..., :T]
     out = ops.take_along_axis(out, slot[..., None], axis=2)  # (B, H, T, dv)
     out = ops.where(placed[..., None], out, ops.zeros_like(out))
     return ops.transpose(out, (0, 2, 1, 3))
+
+
+#: Most scores (elements of one ``(chunks, w, 2w)`` mask) that the torch
+#: path of :func:`_token_chunks_fused` gives to one attention call. Keeping
+#: every temporary of a call well under glibc's largest mmap threshold
+#: (32 MiB) lets the allocator reuse memory between calls instead of
+#: mapping and page-faulting fresh buffers, which cost more than the
+#: attention itself at n = 16K on the CPU.
+_TORCH_SCORES_PER_CALL = 1 << 22
+
+
+def _can_drop_chunks():
+    """Whether :func:`_token_chunks_fused` may give up static shapes to skip
+    chunks without queries: eager torch only (not while torch.compile
+    traces)."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    return not (compiler is not None and compiler.is_compiling())
+
+
+def _chunks_per_call(items, wq, wk):
+    """How many ``(wq, wk)`` chunks one attention call of
+    :func:`_token_chunks_fused` takes: all on JAX and TensorFlow (one
+    compiled program), at most :data:`_TORCH_SCORES_PER_CALL` scores' worth
+    on torch."""
+    if keras.backend.backend() != "torch":
+        return items
+    return max(1, _TORCH_SCORES_PER_CALL // (wq * wk))
+
+
+def _token_chunks_fused(
+    query, key, value, q_rows, is_query, k_rows, col_ok, band, is_self, slot, placed,
+    scale,
+):
+    """The chunks of :func:`clustered_window_attention` through
+    :func:`~keras_longattn.ops.blocked.fused_dot_product_attention`.
+
+    Gathers each chunk's queries ``(w)`` and context keys ``(2w)`` straight
+    from the ``(B, n, H, d)`` tokens (no transposed copies, no concatenated
+    context buffers). On torch (eager) it also drops the chunks that hold no
+    query (the buffer is sized for the worst case: typically a sixth of its
+    chunks are empty or hold keys only) and runs the others in slices of at
+    most :data:`_TORCH_SCORES_PER_CALL` scores. Same result as the einsum
+    path.
+
+    Args:
+        query, key, value: ``(B, T, H, d)``, ``(B, S, H, d)``, ``(B, S, H, dv)``.
+        q_rows: int ``(B, H, L)`` query position of every slot.
+        is_query: boolean ``(B, H, L)``: the slot holds a query.
+        k_rows: int ``(B, H, G, 2w)`` key position of every context column.
+        col_ok: boolean ``(B, H, G, 2w)`` columns that may be seen.
+        band: static boolean ``(w, 2w)`` pattern; ``is_self`` static
+            ``(w, 2w)`` self entries (shared query/key) or None.
+        slot, placed: ``(B, H, T)`` slot of every query and whether it has one.
+
+    Returns:
+        ``(B, T, H, dv)``.
+    """
+    T, H, d = query.shape[1], query.shape[2], query.shape[3]
+    S, dv = key.shape[1], value.shape[3]
+    G, w2 = k_rows.shape[2], k_rows.shape[3]
+    w = w2 // 2
+    L = G * w
+    batch = _dim(query, 0)
+    q_ids = ops.reshape(_flat_token_ids(q_rows, batch, H, T, True), (-1, w))
+    k_ids = ops.reshape(_flat_token_ids(k_rows, batch, H, S, True), (-1, w2))
+    ok = ops.reshape(col_ok, (-1, 1, 1, w2))
+    position = None  # compact index of each kept chunk (torch only)
+    if isinstance(batch, int) and _can_drop_chunks():
+        has_query = ops.any(ops.reshape(is_query, (-1, w)), axis=-1)  # (I,)
+        kept = ops.convert_to_tensor(has_query).nonzero()[:, 0]  # data-dependent size
+        q_ids, k_ids, ok = q_ids[kept], k_ids[kept], ok[kept]
+        position = ops.cumsum(ops.cast(has_query, "int32")) - 1
+    q_flat = ops.reshape(query, (-1, d))
+    k_flat = ops.reshape(key, (-1, d))
+    v_flat = ops.reshape(value, (-1, dv))
+    band = ops.convert_to_tensor(band)[None, None]
+    self_cols = None if is_self is None else ops.convert_to_tensor(is_self)[None, None]
+
+    def mask_of(i0, i1):
+        mask = ops.logical_and(band, ok[i0:i1])  # (m, 1, w, 2w)
+        if self_cols is not None:
+            mask = exclude_self_unless_alone(
+                mask, ops.broadcast_to(self_cols, ops.shape(mask))
+            )
+        return mask
+
+    items = int(q_ids.shape[0]) if isinstance(batch, int) else None
+    if items == 0:  # no query has a slot (all padding)
+        return ops.zeros((batch, T, H, dv), dtype=value.dtype)
+    per = None if items is None else _chunks_per_call(items, w, w2)
+    bounds = [(None, None)] if per is None else [
+        (i, min(i + per, items)) for i in range(0, items, per)
+    ]
+    outs = []
+    for i0, i1 in bounds:
+        qs = take_rows(q_flat, ops.reshape(q_ids[i0:i1], (-1,)))
+        ks = take_rows(k_flat, ops.reshape(k_ids[i0:i1], (-1,)))
+        vs = take_rows(v_flat, ops.reshape(k_ids[i0:i1], (-1,)))
+        mask = mask_of(i0, i1)
+        out = fused_dot_product_attention(
+            ops.reshape(qs, (-1, w, 1, d)),
+            ops.reshape(ks, (-1, w2, 1, d)),
+            ops.reshape(vs, (-1, w2, 1, dv)),
+            mask=mask,
+            scale=scale,
+        )
+        outs.append(ops.reshape(out, (-1, dv)))
+    out = outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=0)
+    # Slot rows are ordered (example, head, slot); read them back in the
+    # (B, T, H) order of the tokens.
+    base = ops.reshape(ops.arange(batch * H, dtype="int32") * L, (-1, H, 1))
+    rows = ops.transpose(ops.cast(slot, "int32") + base, (0, 2, 1))
+    if position is not None:
+        # Rows of the kept chunks only (every placed query's chunk is kept;
+        # an unplaced query reads row 0 and is zeroed below).
+        rows = ops.take(position, rows // w) * w + rows % w
+        rows = ops.maximum(rows, 0)
+    out = ops.reshape(take_rows(out, ops.reshape(rows, (-1,))), (-1, T, H, dv))
+    keep = ops.transpose(placed, (0, 2, 1))[..., None]
+    return ops.where(keep, out, ops.zeros_like(out))
 
 
 @backend_jit(("num_clusters", "window", "shared"))
@@ -821,6 +986,19 @@ def clustered_window_mask(query_clusters, key_clusters, num_clusters, window, sh
         mask, ops.greater_equal(chunk_k[..., None, :], chunk_q[..., :, None] - 1)
     )
     return mask
+
+
+def _row_bincount(x, k):
+    """How many entries of each row of int ``x`` ``(B, H, N)`` equal
+    ``0 .. k-1`` (values ``k`` are dropped): int32 ``(B, H, k)``, by one
+    segment sum (not an O(N * k) one-hot)."""
+    H = x.shape[1]
+    batch = _dim(x, 0)
+    offsets = ops.reshape(ops.arange(batch * H, dtype="int32") * (k + 1), (-1, H, 1))
+    ids = ops.reshape(ops.cast(x, "int32") + offsets, (-1,))
+    counts = segment_sum(ops.ones_like(ids, dtype="float32"), ids, batch * H * (k + 1))
+    counts = ops.reshape(counts, (-1, H, k + 1))[..., :k]
+    return ops.cast(counts, "int32")
 
 
 # ------------------------------------------------------------------ masks

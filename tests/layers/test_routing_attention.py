@@ -16,6 +16,7 @@ from keras_longattn.layers import routing_attention as routing_module
 from keras_longattn.layers.routing_attention import RoutingAttention
 from keras_longattn.testing import AttentionLayerConformance
 from keras_longattn.testing import rel_error
+from keras_longattn.testing.gradients import input_gradient
 from tests.ops.test_routing import _timeline_mask
 
 BACKEND = keras.backend.backend()
@@ -230,6 +231,39 @@ def test_both_efficient_paths_equal_reference(implementation, kwargs, causal):
     ref.set_weights(layer.get_weights())
     expected = to_np(ref(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal))
     assert rel_error(out[mask], expected[mask]) < 1e-5
+
+
+@pytest.mark.parametrize("implementation", ["routed", "routed_fused"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_cluster_equals_full_attention_in_values_and_gradients(implementation, causal):
+    """With one cluster holding every token (balanced: window n; token
+    routing: a chunk of n members, so own + previous chunk hold all 2n
+    queries and keys) routing attention is full attention. Values and the
+    gradients with respect to the query input and the key/value input must
+    match FullAttention on the same weights: an independent check that every
+    projection (keys included) is differentiated through the efficient paths,
+    which the reference path (built from the same routing) cannot give."""
+    q, kv = _x(T=19), _x(T=19, seed=1)
+    layer = RoutingAttention(num_heads=2, key_dim=8, num_clusters=1,
+                             implementation=implementation)
+    full = keras_longattn.layers.FullAttention(num_heads=2, key_dim=8)
+    layer(q, kv)
+    full(q, kv)
+    layer.set_weights(full.get_weights())
+    out = to_np(layer(q, kv, use_causal_mask=causal))
+    np.testing.assert_allclose(out, to_np(full(q, kv, use_causal_mask=causal)),
+                               rtol=1e-5, atol=1e-5)
+    for wrt in ("query", "key/value"):
+        def fn(v, l):
+            if wrt == "query":
+                return l(v, kv, use_causal_mask=causal)
+            return l(q, v, use_causal_mask=causal)
+
+        x = q if wrt == "query" else kv
+        got = input_gradient(lambda v: fn(v, layer), x)
+        want = input_gradient(lambda v: fn(v, full), x)
+        assert np.abs(want).max() > 0
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=wrt)
 
 
 def test_fused_path_with_dropout_in_training():

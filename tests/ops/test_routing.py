@@ -167,8 +167,13 @@ def test_clustered_window_mask_matches_brute_force(shared):
             )
 
 
+@pytest.mark.parametrize("fused, slices", [(False, None), (True, None), (True, 3)])
 @pytest.mark.parametrize("shared, w", [(False, 1), (True, 4), (False, 64)])
-def test_clustered_window_attention_equals_dense_mask(shared, w):
+def test_clustered_window_attention_equals_dense_mask(shared, w, fused, slices, monkeypatch):
+    """Einsum and fused chunk paths (the fused one also cut into slices of
+    3 chunks per attention call, as torch does for long inputs)."""
+    if slices is not None:
+        monkeypatch.setattr(R, "_chunks_per_call", lambda items, wq, wk: slices)
     rng = np.random.default_rng(w)
     B, T, H, d, k = 2, 23, 2, 4, 4
     q = _rand(B, T, H, d, seed=1)
@@ -177,7 +182,8 @@ def test_clustered_window_attention_equals_dense_mask(shared, w):
     cq = rng.integers(0, k, (B, H, T)).astype("int32")
     cq[1, :, :5] = k  # padded tokens
     ck = cq if shared else rng.integers(0, k + 1, (B, H, T)).astype("int32")
-    out = to_np(R.clustered_window_attention(q, kk, v, cq, ck, k, w, shared=shared))
+    attention = R.clustered_window_attention.uncompiled  # monkeypatch-safe on JAX
+    out = to_np(attention(q, kk, v, cq, ck, k, w, shared=shared, fused=fused))
     mask = R.clustered_window_mask(cq, ck, k, w, shared=shared)
     if shared:
         eye = np.eye(T, dtype=bool)[None, None]
@@ -185,6 +191,16 @@ def test_clustered_window_attention_equals_dense_mask(shared, w):
     expected = to_np(reference_attention(q, kk, v, mask=mask))
     assert rel_error(out, expected) < 1e-5
     assert np.all(out[1, :5] == 0.0)  # padded queries: zeros
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_clustered_window_attention_with_every_token_padded(fused):
+    """No query has a slot: zeros, not NaN (the torch path then has no chunk
+    left to run)."""
+    q = _rand(1, 9, 2, 4)
+    pad = np.full((1, 2, 9), 3, "int32")  # k = 3 marks padding
+    out = to_np(R.clustered_window_attention(q, q, q, pad, pad, 3, 4, fused=fused))
+    assert out.shape == (1, 9, 2, 4) and np.all(out == 0.0)
 
 
 def test_clustered_window_attention_is_causal_by_construction():
