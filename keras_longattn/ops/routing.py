@@ -52,13 +52,19 @@ EXCLUDED_SIMILARITY = -1e9
 
 def backend_jit(static_argnames=()):
     """Decorator: on the JAX backend, runs the function as one compiled
-    program (per shapes and static arguments).
+    program (per shapes and static arguments); on torch, keeps it out of
+    ``torch.compile``.
 
     Eager JAX compiles every primitive separately the first time it meets a
     shape, which makes a first eager call of a routing kernel take many
     seconds; inside ``jit`` (``fit``, ``predict``) the nested compilation is
     simply inlined. A call with a ``dropout_fn`` (stateful randomness) and
-    every other backend run the plain function. Results are identical.
+    TensorFlow run the plain function. On torch the function is wrapped in
+    ``torch.compiler.disable``: in a model compiled by Keras
+    (``jit_compile=True``) it runs eagerly between the compiled parts.
+    TorchInductor 2.13 emits C++ that does not compile for some of these
+    kernels (mixed integer and float vector masks), and the torch path of
+    token routing uses data-dependent shapes. Results are identical.
     """
 
     def decorate(fn):
@@ -66,6 +72,14 @@ def backend_jit(static_argnames=()):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            if keras.backend.backend() == "torch":
+                import torch
+
+                if not torch.compiler.is_compiling():
+                    return fn(*args, **kwargs)  # eager: no wrapper cost
+                if "torch" not in compiled:
+                    compiled["torch"] = torch.compiler.disable(fn)
+                return compiled["torch"](*args, **kwargs)
             if (
                 keras.backend.backend() != "jax"
                 or kwargs.get("dropout_fn") is not None
