@@ -811,17 +811,10 @@ def clustered_window_attention(
             query, key, value, q_rows, is_query, context(k_rows), col_ok, band,
             is_self, slot, placed, scale,
         )
-    q = ops.transpose(query, (0, 2, 1, 3))
-    k = ops.transpose(key, (0, 2, 1, 3))
-    v = ops.transpose(value, (0, 2, 1, 3))
-    qb = blocks(gather_tokens(q, q_rows))
-    kb = context(gather_tokens(k, k_rows))
-    vb = context(gather_tokens(v, k_rows))
-    mask = ops.logical_and(ops.convert_to_tensor(band), col_ok[..., None, :])
-    if shared:
-        mask = exclude_self_unless_alone(
-            mask, ops.broadcast_to(ops.convert_to_tensor(is_self), ops.shape(mask))
-        )
+    qb = blocks(gather_tokens(query, q_rows, heads_last=True))
+    kb = context(gather_tokens(key, k_rows, heads_last=True))
+    vb = context(gather_tokens(value, k_rows, heads_last=True))
+    mask = _chunk_mask(col_ok[..., None, :], band, is_self)
     out, _ = _cluster_blocks(qb, kb, vb, mask, scale, dropout_fn)
     out = ops.reshape(out, (-1, H, L, out.shape[-1]))
     out = ops.take_along_axis(out, slot[..., None], axis=2)  # (B, H, T, dv)
@@ -838,16 +831,15 @@ def clustered_window_attention(
 _TORCH_SCORES_PER_CALL = 1 << 22
 
 
-def _can_drop_chunks():
-    """Whether :func:`_token_chunks_fused` may give up static shapes to skip
-    chunks without queries: eager torch only (not while torch.compile
-    traces)."""
-    if keras.backend.backend() != "torch":
-        return False
-    import torch
-
-    compiler = getattr(torch, "compiler", None)
-    return not (compiler is not None and compiler.is_compiling())
+def _chunk_mask(cols, band, is_self):
+    """Mask of token-routing chunks: the static ``(w, 2w)`` ``band`` AND the
+    column flags ``cols`` (``(..., 1, 2w)``), and with ``is_self`` (static
+    ``(w, 2w)``, shared query/key) the self rule."""
+    mask = ops.logical_and(ops.convert_to_tensor(band), cols)
+    if is_self is None:
+        return mask
+    self_cols = ops.broadcast_to(ops.convert_to_tensor(is_self), ops.shape(mask))
+    return exclude_self_unless_alone(mask, self_cols)
 
 
 def _chunks_per_call(items, wq, wk):
@@ -898,7 +890,9 @@ def _token_chunks_fused(
     k_ids = ops.reshape(_flat_token_ids(k_rows, batch, H, S, True), (-1, w2))
     ok = ops.reshape(col_ok, (-1, 1, 1, w2))
     position = None  # compact index of each kept chunk (torch only)
-    if isinstance(batch, int) and _can_drop_chunks():
+    # Data-dependent shapes are fine on torch: clustered_window_attention is
+    # kept out of torch.compile by backend_jit, so this always runs eagerly.
+    if isinstance(batch, int) and keras.backend.backend() == "torch":
         has_query = ops.any(ops.reshape(is_query, (-1, w)), axis=-1)  # (I,)
         kept = ops.convert_to_tensor(has_query).nonzero()[:, 0]  # data-dependent size
         q_ids, k_ids, ok = q_ids[kept], k_ids[kept], ok[kept]
@@ -906,17 +900,6 @@ def _token_chunks_fused(
     q_flat = ops.reshape(query, (-1, d))
     k_flat = ops.reshape(key, (-1, d))
     v_flat = ops.reshape(value, (-1, dv))
-    band = ops.convert_to_tensor(band)[None, None]
-    self_cols = None if is_self is None else ops.convert_to_tensor(is_self)[None, None]
-
-    def mask_of(i0, i1):
-        mask = ops.logical_and(band, ok[i0:i1])  # (m, 1, w, 2w)
-        if self_cols is not None:
-            mask = exclude_self_unless_alone(
-                mask, ops.broadcast_to(self_cols, ops.shape(mask))
-            )
-        return mask
-
     items = int(q_ids.shape[0]) if isinstance(batch, int) else None
     if items == 0:  # no query has a slot (all padding)
         return ops.zeros((batch, T, H, dv), dtype=value.dtype)
@@ -929,7 +912,7 @@ def _token_chunks_fused(
         qs = take_rows(q_flat, ops.reshape(q_ids[i0:i1], (-1,)))
         ks = take_rows(k_flat, ops.reshape(k_ids[i0:i1], (-1,)))
         vs = take_rows(v_flat, ops.reshape(k_ids[i0:i1], (-1,)))
-        mask = mask_of(i0, i1)
+        mask = _chunk_mask(ok[i0:i1], band, is_self)  # (m, 1, w, 2w)
         out = fused_dot_product_attention(
             ops.reshape(qs, (-1, w, 1, d)),
             ops.reshape(ks, (-1, w2, 1, d)),
