@@ -8,6 +8,8 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
+from keras_longattn.kernels import backend_ops
+from keras_longattn.layers.implementation import collect_implementations
 
 try:  # Keras keeps this helper private; fall back to the attribute.
     from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
@@ -68,17 +70,25 @@ class BaseAttention(keras.layers.Layer):
     shaped and ordered exactly as MultiHeadAttention's, so the weights of a
     trained ``MultiHeadAttention`` load into any layer with the same
     projections (``layer.set_weights(mha.get_weights())`` or
-    :meth:`from_multi_head_attention`). A subclass only decides *which* keys
-    each query sees and *how* it is computed:
+    :meth:`from_multi_head_attention`). A subclass decides *what* each query
+    attends to and *how* it is computed:
 
-    * :meth:`attention_pattern` returns the layer's pattern as an
-      :class:`keras_longattn.ops.AttentionPattern`; the ``"reference"``
-      implementation is dense attention under that pattern's mask (the
-      specification) and always exists;
-    * each efficient implementation ``name`` in :attr:`implementations` is a
-      method ``_attention_<name>(query, key, value, context)`` plus an optional
-      ``_unsupported_<name>(context)`` returning a reason string when it
-      cannot handle a call.
+    * what: an exact layer (``is_exact = True``) returns its pattern from
+      :meth:`attention_pattern` (an :class:`keras_longattn.ops.AttentionPattern`),
+      and the ``"reference"`` implementation is dense attention under that
+      pattern's mask; a content-dependent or approximate layer overrides
+      :meth:`_attention_reference` with the explicit quadratic form of its
+      own computation (what its fast paths must equal), and may name a
+      configuration in which it equals :class:`FullAttention`
+      (:meth:`full_attention_limit`);
+    * how: each efficient path is an
+      :class:`keras_longattn.layers.Implementation` declared with the
+      :func:`keras_longattn.layers.implementation` decorator; it runs a call
+      or refuses it with a reason before running. ``"auto"`` tries them by
+      kind in the backend's order of preference
+      (:attr:`keras_longattn.kernels.BackendOps.auto_preference`), then by
+      declaration order, and falls back to ``"reference"`` only when all
+      refuse; ``last_implementation`` names the path that ran.
 
     Masks stay structural: padding masks of shape ``(B, T)`` / ``(B, S)`` and a
     causal flag. Efficient paths never build a ``(B, T, S)`` tensor. A dense
@@ -140,10 +150,32 @@ class BaseAttention(keras.layers.Layer):
         projection.
     """
 
-    #: Names of the layer's efficient implementations, preferred first.
+    #: Names of the layer's efficient implementations, in declaration
+    #: order (set from the :class:`Implementation` attributes of the class).
     implementations = ()
+    _implementation_table = {}
     #: Whether the efficient paths can honour a dense ``attention_mask``.
     supports_attention_mask = False
+    #: True when the layer computes exact softmax attention under a pattern
+    #: (:meth:`attention_pattern`); False for approximations (low-rank,
+    #: kernel feature maps, synthesised weights), whose ``"reference"`` is
+    #: the explicit quadratic form of the same approximation.
+    is_exact = True
+    #: Whether ``return_attention_scores=True`` is supported (dense weights
+    #: from the reference path).
+    supports_scores = True
+    #: Whether ``use_causal_mask=True`` is supported (and leak-free).
+    supports_causal = True
+    #: Whether bidirectional calls are supported.
+    supports_bidirectional = True
+    #: Relative error allowed between an efficient path and ``"reference"``
+    #: in float32 (max |a - b| / max |b|).
+    reference_tolerance = 1e-5
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._implementation_table = collect_implementations(cls)
+        cls.implementations = tuple(cls._implementation_table)
 
     def __init__(
         self,
@@ -352,7 +384,23 @@ class BaseAttention(keras.layers.Layer):
 
     def _select(self, context):
         if context.return_scores:
+            if not self.supports_scores:
+                raise ValueError(
+                    f"{type(self).__name__} cannot return attention scores: it "
+                    "never forms per-query weights over the keys. Received: "
+                    "return_attention_scores=True"
+                )
             return "reference"
+        if context.causal and not self.supports_causal:
+            raise ValueError(
+                f"{type(self).__name__} has no causal mode. Received: "
+                "use_causal_mask=True"
+            )
+        if not context.causal and not self.supports_bidirectional:
+            raise ValueError(
+                f"{type(self).__name__} only supports causal attention. "
+                "Received: use_causal_mask=False"
+            )
         requested = self.implementation
         if requested == "reference":
             return "reference"
@@ -371,7 +419,7 @@ class BaseAttention(keras.layers.Layer):
         candidates = self.auto_order() if requested == "auto" else (requested,)
         reasons = []
         for name in candidates:
-            reason = self._unsupported(name, context)
+            reason = self._implementation_table[name].refusal(self, context)
             if reason is None:
                 return name
             reasons.append(f"{name}: {reason}")
@@ -385,21 +433,33 @@ class BaseAttention(keras.layers.Layer):
 
     def auto_order(self):
         """Efficient implementations in the order ``"auto"`` tries them on
-        the active backend: :attr:`implementations` in order, except that
-        on PyTorch the ``*_fused`` ones (the layouts given to
-        ``keras.ops.dot_product_attention``, i.e. PyTorch's fused
-        ``scaled_dot_product_attention``) come first: there they are several
-        times faster than explicit einsums, while XLA (JAX, TensorFlow)
-        fuses the explicit form as well."""
-        names = tuple(self.implementations)
-        if keras.backend.backend() != "torch":
-            return names
-        fused = tuple(n for n in names if n.endswith("_fused"))
-        return fused + tuple(n for n in names if n not in fused)
+        the active backend: by kind, in the backend's order of preference
+        (:attr:`keras_longattn.kernels.BackendOps.auto_preference`: fused
+        kernels first on PyTorch, explicit einsums first where XLA fuses
+        them), then in declaration order."""
+        preference = backend_ops().auto_preference
+        table = self._implementation_table
+        return tuple(
+            sorted(table, key=lambda name: preference.index(table[name].kind))
+        )
 
-    def _unsupported(self, name, context):
-        check = getattr(self, f"_unsupported_{name}", None)
-        return None if check is None else check(context)
+    def implementation_kind(self, name):
+        """The kind (``"explicit"`` or ``"fused"``) of implementation
+        ``name``; ``"reference"`` for the reference path."""
+        if name == "reference":
+            return "reference"
+        return self._implementation_table[name].kind
+
+    def full_attention_limit(self, sequence_length):
+        """A configuration in which this layer equals :class:`FullAttention`.
+
+        Returns ``(overrides, tolerance)``: constructor arguments that, put
+        into this layer's config, make it compute full softmax attention on
+        sequences of up to ``sequence_length`` positions (relative error at
+        most ``tolerance`` against ``FullAttention`` on the same weights),
+        or None when the mechanism has no such limit.
+        """
+        return None
 
     # ------------------------------------------------------------------ call
     def call(
@@ -456,10 +516,12 @@ class BaseAttention(keras.layers.Layer):
 
     def _dispatch(self, q, k, v, context):
         name = self._select(context)
-        self.last_implementation = name
         if name == "reference":
-            return self._attention_reference(q, k, v, context)
-        return getattr(self, f"_attention_{name}")(q, k, v, context)
+            result = self._attention_reference(q, k, v, context)
+        else:
+            result = self._implementation_table[name].run(self, q, k, v, context)
+        self.last_implementation = name
+        return result
 
     def attend(
         self,

@@ -3,7 +3,9 @@
 import keras
 from keras import ops
 
+from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.implementation import implementation
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -43,15 +45,11 @@ class FullAttention(BaseAttention):
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017.
     """
 
-    implementations = ("fused",)
     supports_attention_mask = True
 
-    def _unsupported_fused(self, context):
-        if self.dropout > 0.0 and context.training:
-            return "attention dropout in training needs explicit weights"
-        return None
-
-    def _attention_fused(self, query, key, value, context):
+    @implementation("fused", kind="fused", dropout=False)
+    def _fused(self, query, key, value, context):
+        """``keras.ops.dot_product_attention`` under the call's masks."""
         mask = None
         key_padding = context.padding.key_mask
         if key_padding is not None:
@@ -59,7 +57,7 @@ class FullAttention(BaseAttention):
         if context.attention_mask is not None:
             dense = ops.cast(context.attention_mask, "bool")[:, None]  # (B, 1, T, S)
             mask = dense if mask is None else ops.logical_and(mask, dense)
-        out = ops.dot_product_attention(
+        return la_ops.fused_dot_product_attention(
             query,
             key,
             value,
@@ -67,24 +65,6 @@ class FullAttention(BaseAttention):
             scale=self._inverse_sqrt_key_dim,
             is_causal=context.causal,
         )
-        # Backends give a uniform row where no key is visible; the contract
-        # is a zero output there.
-        visible = self._rows_with_visible_keys(context)
-        if visible is not None:
-            out = ops.where(visible[:, :, None, None], out, ops.zeros_like(out))
-        return out
 
-    def _rows_with_visible_keys(self, context):
-        """``(B, T)`` or ``(B, 1)``: does a query see at least one key?"""
-        key_padding = context.padding.key_mask
-        if context.attention_mask is not None:
-            return ops.any(self.reference_mask(context), axis=-1)
-        if key_padding is None:
-            return None
-        kp = ops.cast(key_padding, "int32")
-        if not context.causal:
-            return ops.any(ops.cast(kp, "bool"), axis=-1, keepdims=True)
-        T, S = context.query_length, context.key_length
-        seen = ops.cumsum(kp, axis=1) > 0  # (B, S): a key <= j is visible
-        last = ops.minimum(ops.arange(T, dtype="int32"), S - 1)
-        return ops.take(seen, last, axis=1)  # (B, T)
+    def full_attention_limit(self, sequence_length):
+        return {}, 1e-6

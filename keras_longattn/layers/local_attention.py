@@ -6,6 +6,7 @@ import keras
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.implementation import implementation
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -68,16 +69,6 @@ class LocalAttention(BaseAttention):
         "Generating Long Sequences with Sparse Transformers", 2019.
     """
 
-    implementations = ("blocked", "blocked_fused")
-
-    def _unsupported_blocked_fused(self, context):
-        if self.dropout > 0.0 and context.training:
-            return "attention dropout in training needs explicit weights"
-        return None
-
-    def _attention_blocked_fused(self, query, key, value, context):
-        return self._blocked(query, key, value, context, fused=True)
-
     def __init__(
         self,
         num_heads,
@@ -113,10 +104,17 @@ class LocalAttention(BaseAttention):
     def attention_pattern(self, query_length, key_length, causal):
         return la_ops.LocalPattern(*self.extents(causal))
 
-    def _attention_blocked(self, query, key, value, context):
-        return self._blocked(query, key, value, context, fused=False)
+    @implementation("blocked")
+    def _blocked(self, query, key, value, context):
+        """Band attention over blocks, explicit einsums and softmax."""
+        return self._band(query, key, value, context, fused=False)
 
-    def _blocked(self, query, key, value, context, fused):
+    @implementation("blocked_fused", kind="fused", dropout=False)
+    def _blocked_fused(self, query, key, value, context):
+        """The same blocks through ``keras.ops.dot_product_attention``."""
+        return self._band(query, key, value, context, fused=True)
+
+    def _band(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)
         return la_ops.local_attention(
             query,
@@ -130,6 +128,10 @@ class LocalAttention(BaseAttention):
             dropout_fn=None if fused else self._dropout_fn(context.training),
             fused=fused,
         )
+
+    def full_attention_limit(self, sequence_length):
+        n = int(sequence_length)
+        return {"window": 2 * n, "look_back": None, "look_ahead": None}, 1e-5
 
     def get_config(self):
         config = super().get_config()

@@ -1,7 +1,6 @@
 """Routing attention (Routing Transformer, Roy et al. 2021): content-based
 sparse attention inside k-means clusters, with optional local heads."""
 
-import dataclasses
 import math
 import numbers
 
@@ -11,29 +10,20 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
+from keras_longattn.kernels import compiled
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.implementation import implementation
+from keras_longattn.layers.implementation import is_training
+from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing as routing_ops
 
 _CAUSAL_ROUTINGS = ("token", "balanced")
 
-# The local heads' kernel, compiled as one program on JAX (see backend_jit).
-_local_attention = routing_ops.backend_jit(
+# The local heads' kernel, compiled as one program on JAX.
+_local_attention = compiled(
     ("look_back", "look_ahead", "block_size", "scale", "dropout_fn", "fused")
 )(la_ops.local_attention)
-
-
-@dataclasses.dataclass
-class _Routing:
-    """Routing decisions of one call (routing heads only)."""
-
-    mode: str  # "balanced" or "token"
-    keys: object  # keys used by the attention (normalised queries if shared)
-    query_clusters: object  # (B, Hr, T) nearest centroid, k = padding
-    key_clusters: object  # (B, Hr, S)
-    query_indices: object = None  # (B, Hr, k, wq) balanced members
-    key_indices: object = None  # (B, Hr, k, wk)
-    window: int = None  # members per cluster (balanced) or per chunk (token)
 
 
 class _Centroids(keras.layers.Layer):
@@ -321,11 +311,12 @@ class RoutingAttention(BaseAttention):
 
     # ---------------------------------------------------------------- routing
     def _route(self, query, key, context, add_losses=True, nearest=True):
-        """Routing decisions for the routing heads; moves the centroids when
-        training. ``query``/``key``: ``(B, T|S, Hr, d)``. With
-        ``nearest=False`` the nearest centroids are only computed where
-        they are used (training, commitment loss, token routing); otherwise
-        ``query_clusters``/``key_clusters`` are None."""
+        """Routing decisions for the routing heads (a
+        :class:`keras_longattn.ops.Routing`); moves the centroids when
+        training and adds the commitment loss. ``query``/``key``:
+        ``(B, T|S, Hr, d)``. With ``nearest=False`` the nearest centroids are
+        only computed where they are used (training, commitment loss, token
+        routing)."""
         T, S = query.shape[1], key.shape[1]
         if T is None or S is None:
             raise ValueError(
@@ -352,98 +343,50 @@ class RoutingAttention(BaseAttention):
         if self.shared_qk:
             q_valid = la_ops.combine_dense_masks(q_valid, k_valid)
             k_valid = q_valid
-        centroids = ops.cast(self.centroids, "float32")
-        training = _is_training(context.training)
+        training = is_training(context.training)
         commitment = add_losses and self.commitment_weight > 0.0
-        q_in, k_in = query, key
-        if not commitment:
-            # Routing is discrete: no gradient flows through it, so the
-            # projection runs on detached inputs (no autograd graph).
-            q_in, k_in = ops.stop_gradient(query), ops.stop_gradient(key)
-        q_live = routing_ops.sphere_normalize(q_in)
-        k_live = q_live if self.shared_qk else routing_ops.sphere_normalize(k_in)
-        q_hat = ops.stop_gradient(q_live)
-        k_hat = ops.stop_gradient(k_live)
-        # Similarities laid out (B, H, n, k): the nearest centroid is a
-        # contiguous argmax, and the top-w choice reads the same tensor.
-        sim_q = routing_ops.centroid_similarity(q_hat, centroids, clusters_last=True)
-        sim_k = (
-            sim_q
-            if self.shared_qk
-            else routing_ops.centroid_similarity(k_hat, centroids, clusters_last=True)
-        )
-        if nearest or training or commitment or not balanced:
-            near_q = routing_ops.nearest_centroid(sim_q, q_valid, clusters_last=True)
-            near_k = (
-                near_q
-                if self.shared_qk
-                else routing_ops.nearest_centroid(sim_k, k_valid, clusters_last=True)
-            )
-        else:  # balanced inference: the top-w choice alone routes
-            near_q = near_k = None
-
-        if training:
-            sums, counts = routing_ops.cluster_statistics(q_hat, near_q, k)
-            if not self.shared_qk:
-                k_sums, k_counts = routing_ops.cluster_statistics(k_hat, near_k, k)
-                sums, counts = sums + k_sums, counts + k_counts
-            self.centroids.assign(
-                routing_ops.ema_update(centroids, sums, counts, self.ema_decay)
-            )
-        if commitment:
-            loss = self._commitment_loss(q_live, near_q, centroids)
-            if not self.shared_qk:
-                loss = 0.5 * (loss + self._commitment_loss(k_live, near_k, centroids))
-            self.add_loss(self.commitment_weight * loss)
-
-        if self.shared_qk:
-            keys = ops.cast(routing_ops.l2_normalize(query), query.dtype)
-        else:
-            keys = key
-        routing = _Routing(
-            mode="balanced" if balanced else "token",
-            keys=keys,
-            query_clusters=near_q,
-            key_clusters=near_k,
-        )
         if balanced:
-            wq, wk = self.routing_window(T), self.routing_window(S)
-            routing.query_indices = routing_ops.balanced_assignment(
-                sim_q, wq, q_valid, clusters_last=True
-            )
-            routing.key_indices = (
-                routing.query_indices
-                if self.shared_qk
-                else routing_ops.balanced_assignment(sim_k, wk, k_valid, clusters_last=True)
-            )
-            routing.window = wq
+            window, key_window = self.routing_window(T), self.routing_window(S)
         else:
-            routing.window = self.routing_window(max(T, S))
+            window = key_window = self.routing_window(max(T, S))
+        routing = kmeans.route(
+            query,
+            key,
+            # A copy: the update below writes the variable in place, which
+            # must not change a tensor that autograd saved (torch).
+            ops.copy(self.centroids),
+            mode="balanced" if balanced else "token",
+            window=window,
+            key_window=key_window,
+            query_valid=q_valid,
+            key_valid=k_valid,
+            shared=self.shared_qk,
+            ema_decay=self.ema_decay if training else None,
+            commitment=commitment,
+            nearest=nearest,
+        )
+        if routing.centroids is not None:
+            self.centroids.assign(routing.centroids)
+        if routing.loss is not None:
+            self.add_loss(self.commitment_weight * routing.loss)
         return routing
-
-    def _commitment_loss(self, x_live, nearest, centroids):
-        """Mean ``||x_hat - stop_gradient(mu_hat)||^2`` over real tokens
-        (``nearest == k`` marks padding)."""
-        k = self.num_clusters
-        mu = routing_ops.l2_normalize(centroids)  # (Hr, k, d)
-        idx = ops.minimum(nearest, k - 1)  # (B, Hr, n)
-        mu = ops.take_along_axis(
-            ops.expand_dims(mu, 0), ops.expand_dims(idx, -1), axis=2
-        )  # (B, Hr, n, d)
-        x = ops.transpose(x_live, (0, 2, 1, 3))
-        dist = ops.sum(ops.square(x - ops.stop_gradient(mu)), axis=-1)  # (B, Hr, n)
-        weight = ops.cast(ops.less(nearest, k), "float32")
-        return ops.sum(dist * weight) / ops.maximum(ops.sum(weight), 1.0)
 
     # ------------------------------------------------------------ attention
     def _split_heads(self, x):
         h = self.local_heads
         return x[:, :, :h], x[:, :, h:]
 
-    def _attention_routed_fused(self, query, key, value, context):
-        return self._attention_routed(query, key, value, context, fused=True)
+    @implementation("routed")
+    def _routed(self, query, key, value, context):
+        """Cluster blocks with explicit einsums and a masked softmax."""
+        return self._clustered(query, key, value, context, fused=False)
 
-    def _attention_routed(self, query, key, value, context, fused=False):
+    @implementation("routed_fused", kind="fused", dropout=False)
+    def _routed_fused(self, query, key, value, context):
+        """The same blocks through ``keras.ops.dot_product_attention``."""
+        return self._clustered(query, key, value, context, fused=True)
+
+    def _clustered(self, query, key, value, context, fused):
         T, S = query.shape[1], key.shape[1]
         dropout_fn = self._dropout_fn(context.training)
         scale = self._inverse_sqrt_key_dim
@@ -466,9 +409,8 @@ class RoutingAttention(BaseAttention):
                     look_ahead,
                     key_mask=context.padding.key_mask,
                     scale=scale,
-                    dropout_fn=dropout_fn,
-                    # The fused local kernel has no attention dropout.
-                    fused=fused and dropout_fn is None,
+                    dropout_fn=None if fused else dropout_fn,
+                    fused=fused,
                 )
             )
         if self.routing_heads:
@@ -483,11 +425,11 @@ class RoutingAttention(BaseAttention):
                     key_mask=context.padding.key_mask,
                     exclude_self=self.shared_qk,
                     scale=scale,
-                    dropout_fn=dropout_fn,
+                    dropout_fn=None if fused else dropout_fn,
                     fused=fused,
                 )
             else:
-                out = routing_ops.clustered_window_attention(
+                out = la_ops.sorted_chunk_attention(
                     q_rt,
                     routing.keys,
                     v_rt,
@@ -497,7 +439,7 @@ class RoutingAttention(BaseAttention):
                     routing.window,
                     shared=self.shared_qk,
                     scale=scale,
-                    dropout_fn=dropout_fn,
+                    dropout_fn=None if fused else dropout_fn,
                     fused=fused,
                 )
             parts.append(out)
@@ -520,7 +462,7 @@ class RoutingAttention(BaseAttention):
         local_extents = None
         if self.local_heads:
             local_extents = self._local_extents(context.causal, window)
-        weights = _dense_weights(
+        weights = routing_ops.routing_reference_weights(
             q_loc if self.local_heads else None,
             k_loc if self.local_heads else None,
             q_rt if routing is not None else None,
@@ -608,26 +550,27 @@ class RoutingAttention(BaseAttention):
         _, k_rt = self._split_heads(k)
         routing = self._route(q_rt, k_rt, context, add_losses=False)
         if routing.query_indices is None:
-            sim_q = routing_ops.centroid_similarity(
-                routing_ops.sphere_normalize(q_rt), ops.cast(self.centroids, "float32")
-            )
+            # A causal call routes by tokens: report its balanced clusters
+            # too (what a bidirectional call would take).
             q_valid = context.padding.query_mask
             k_valid = key_padding
             if self.shared_qk:
                 q_valid = la_ops.combine_dense_masks(q_valid, k_valid)
                 k_valid = q_valid
-            routing.query_indices = routing_ops.balanced_assignment(
-                sim_q, self.routing_window(T), q_valid
+            balanced = kmeans.route(
+                q_rt,
+                k_rt,
+                self.centroids,
+                mode="balanced",
+                window=self.routing_window(T),
+                key_window=self.routing_window(S),
+                query_valid=q_valid,
+                key_valid=k_valid,
+                shared=self.shared_qk,
+                nearest=False,
             )
-            if self.shared_qk:
-                routing.key_indices = routing.query_indices
-            else:
-                sim_k = routing_ops.centroid_similarity(
-                    routing_ops.sphere_normalize(k_rt), ops.cast(self.centroids, "float32")
-                )
-                routing.key_indices = routing_ops.balanced_assignment(
-                    sim_k, self.routing_window(S), k_valid
-                )
+            routing.query_indices = balanced.query_indices
+            routing.key_indices = balanced.key_indices
         return {
             "query_indices": routing.query_indices,
             "key_indices": routing.key_indices,
@@ -636,6 +579,17 @@ class RoutingAttention(BaseAttention):
             "mode": routing.mode,
             "window": routing.window,
         }
+
+    def full_attention_limit(self, sequence_length):
+        # One cluster holding every token: full attention (causal token
+        # routing: one chunk of the whole sequence).
+        return {
+            "num_clusters": 1,
+            "window": None,
+            "local_heads": 0,
+            "local_window": None,
+            "shared_qk": False,
+        }, 1e-5
 
     def set_weights(self, weights):
         """Sets the weights; a list without the centroids (e.g.
@@ -662,79 +616,3 @@ class RoutingAttention(BaseAttention):
             }
         )
         return config
-
-
-@routing_ops.backend_jit(
-    ("local_extents", "mode", "causal", "shared", "num_clusters", "window", "scale")
-)
-def _dense_weights(
-    q_loc,
-    k_loc,
-    q_rt,
-    keys,
-    extra,
-    query_indices,
-    key_indices,
-    query_clusters,
-    key_clusters,
-    local_extents,
-    mode,
-    causal,
-    shared,
-    num_clusters,
-    window,
-    scale,
-):
-    """Dense float32 ``(B, H, T, S)`` weights of the reference path: local
-    heads under their sliding window, routing heads under their clusters.
-    O(T * S) (O(k * T * S) for balanced routing)."""
-    weights = []
-    if local_extents is not None:
-        T, S = q_loc.shape[1], k_loc.shape[1]
-        mask = la_ops.LocalPattern(*local_extents).dense_mask(T, S)[None, None]
-        mask = routing_ops._and(mask, extra)
-        scores = ops.einsum(
-            "bthd,bshd->bhts", ops.multiply(q_loc, ops.cast(scale, q_loc.dtype)), k_loc
-        )
-        weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
-    if mode == "balanced":
-        weights.append(
-            routing_ops.balanced_cluster_weights(
-                q_rt,
-                keys,
-                query_indices,
-                key_indices,
-                causal=causal,
-                exclude_self=shared,
-                scale=scale,
-                extra_mask=extra,
-            )
-        )
-    elif mode == "token":
-        T, S = q_rt.shape[1], keys.shape[1]
-        mask = routing_ops.clustered_window_mask(
-            query_clusters, key_clusters, num_clusters, window, shared=shared
-        )
-        mask = routing_ops._and(mask, extra)
-        if shared:
-            eye = ops.equal(
-                ops.arange(T, dtype="int32")[:, None],
-                ops.arange(S, dtype="int32")[None, :],
-            )
-            mask = routing_ops.exclude_self_unless_alone(mask, eye[None, None])
-        scores = ops.einsum(
-            "bthd,bshd->bhts", ops.multiply(q_rt, ops.cast(scale, q_rt.dtype)), keys
-        )
-        weights.append(ops.cast(la_ops.masked_softmax(scores, mask), "float32"))
-    return weights[0] if len(weights) == 1 else ops.concatenate(weights, axis=1)
-
-
-def _is_training(training):
-    if training is None:
-        return False
-    if isinstance(training, bool):
-        return training
-    try:
-        return bool(training)
-    except Exception:  # a symbolic flag: Keras passes Python bools in fit
-        return False

@@ -7,6 +7,7 @@ from keras import ops
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.implementation import implementation
 from keras_longattn.ops import sparse as la_sparse
 
 
@@ -125,15 +126,6 @@ class SparseAttention(BaseAttention):
         Sparse Transformers", arXiv:1904.10509, 2019.
     """
 
-    implementations = ("blocked", "blocked_fused")
-
-    def _unsupported_blocked_fused(self, context):
-        if self.combination == "merged":
-            return "combination='merged' needs each part's log-sum-exp"
-        if self.dropout > 0.0 and context.training:
-            return "attention dropout in training needs explicit weights"
-        return None
-
     def __init__(
         self,
         num_heads,
@@ -243,10 +235,23 @@ class SparseAttention(BaseAttention):
         return la_ops.combine_dense_masks(mask, padding, dense)
 
     # ---------------------------------------------------------- computation
-    def _attention_blocked_fused(self, query, key, value, context):
-        return self._attention_blocked(query, key, value, context, fused=True)
+    @implementation("blocked")
+    def _blocked(self, query, key, value, context):
+        """The block-sparse layouts with explicit einsums and softmax."""
+        return self._block_sparse(query, key, value, context, fused=False)
 
-    def _attention_blocked(self, query, key, value, context, fused=False):
+    @implementation("blocked_fused", kind="fused", dropout=False)
+    def _blocked_fused(self, query, key, value, context):
+        """The same layouts through ``keras.ops.dot_product_attention``."""
+        return self._block_sparse(query, key, value, context, fused=True)
+
+    @_blocked_fused.refuses
+    def _blocked_fused(self, context):
+        if self.combination == "merged":
+            return "combination='merged' needs each part's log-sum-exp"
+        return None
+
+    def _block_sparse(self, query, key, value, context, fused):
         T, S = context.query_length, context.key_length
         l = self.resolve_block_length(max(T, S))
         c = self.resolve_summary_width(l)
@@ -273,6 +278,16 @@ class SparseAttention(BaseAttention):
         if self.remat:
             attend = keras.remat(attend)
         return attend(query, key, value)
+
+    def full_attention_limit(self, sequence_length):
+        # Strided A with a stride at least the length sees every key.
+        n = max(int(sequence_length), 2)
+        return {
+            "pattern": "strided",
+            "block_length": n,
+            "summary_width": None,
+            "combination": "first",
+        }, 1e-5
 
     def get_config(self):
         config = super().get_config()

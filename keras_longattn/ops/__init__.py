@@ -1,16 +1,53 @@
-"""Pure functions on ``keras.ops``: attention patterns, the dense reference
-attention (the specification) and blocked attention paths.
+"""Pure functions on ``keras.ops``, organised by machinery (not by paper).
+
+* :mod:`~keras_longattn.ops.patterns`: attention patterns as predicates on
+  positions, their combinators (``&``, ``|``, :class:`Difference`), padding
+  masks and dense-mask helpers;
+* :mod:`~keras_longattn.ops.reference`: dense masked attention (the
+  specification), the masked softmax with its log-sum-exp, and the exact
+  merge of attention parts computed over disjoint key sets;
+* :mod:`~keras_longattn.ops.fused`: the backend's fused kernel under the
+  library's contract (zero rows where no key is visible), used by every
+  ``"fused"`` implementation;
+* :mod:`~keras_longattn.ops.blocked`: band attention over key blocks
+  (local windows) and dense attention inside gathered blocks;
+* :mod:`~keras_longattn.ops.subset`: every query against a fixed subset of
+  keys (summaries, global tokens);
+* :mod:`~keras_longattn.ops.segments`: gathers, scatter-mean and segment
+  sums over the ``(B, n, H, d)`` token layout;
+* :mod:`~keras_longattn.ops.kmeans`: online spherical k-means (routing as a
+  pure function);
+* :mod:`~keras_longattn.ops.chunked`: sorted-chunk attention over buckets;
+* :mod:`~keras_longattn.ops.rotary`: rotary position embeddings;
+* paper modules, with only what is specific to their paper:
+  :mod:`~keras_longattn.ops.sparse` (Sparse Transformer patterns) and
+  :mod:`~keras_longattn.ops.routing` (balanced cluster attention).
+
+Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
 
 Shape legend used throughout: B batch, T query length, S key length,
 H heads, d head size.
 """
 
+from keras_longattn.ops import chunked
+from keras_longattn.ops import kmeans
+from keras_longattn.ops import routing
+from keras_longattn.ops import segments
+from keras_longattn.ops import sparse
+from keras_longattn.ops import subset
+from keras_longattn.ops.blocked import block_attention
 from keras_longattn.ops.blocked import blocked_band_attention
 from keras_longattn.ops.blocked import default_block_size
 from keras_longattn.ops.blocked import local_attention
 from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.chunked import sorted_chunk_attention
+from keras_longattn.ops.chunked import sorted_chunk_mask
+from keras_longattn.ops.fused import fused_dot_product_attention
+from keras_longattn.ops.kmeans import Routing
+from keras_longattn.ops.kmeans import route
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import Difference
 from keras_longattn.ops.patterns import FullPattern
 from keras_longattn.ops.patterns import Intersection
 from keras_longattn.ops.patterns import LocalPattern
@@ -18,14 +55,19 @@ from keras_longattn.ops.patterns import PaddingMask
 from keras_longattn.ops.patterns import Union
 from keras_longattn.ops.patterns import causal_pattern
 from keras_longattn.ops.patterns import combine_dense_masks
+from keras_longattn.ops.patterns import exclude_self_unless_alone
 from keras_longattn.ops.patterns import local_pattern
 from keras_longattn.ops.patterns import resolve_window
-from keras_longattn.ops.rotary import apply_rotary
 from keras_longattn.ops.reference import MASKED_LOGIT
 from keras_longattn.ops.reference import masked_softmax
+from keras_longattn.ops.reference import merge_attention_parts
 from keras_longattn.ops.reference import reference_attention
+from keras_longattn.ops.reference import softmax_with_lse
+from keras_longattn.ops.rotary import apply_rotary
+from keras_longattn.ops.segments import gather_tokens
+from keras_longattn.ops.segments import scatter_mean
+from keras_longattn.ops.segments import segment_sum
 from keras_longattn.ops.sparse import BlockPattern
-from keras_longattn.ops.sparse import Difference
 from keras_longattn.ops.sparse import StridedPattern
 from keras_longattn.ops.sparse import SummaryPattern
 from keras_longattn.ops.sparse import default_block_length
@@ -33,14 +75,4 @@ from keras_longattn.ops.sparse import default_summary_width
 from keras_longattn.ops.sparse import sparse_attention
 from keras_longattn.ops.sparse import sparse_head_patterns
 from keras_longattn.ops.sparse import sparse_transformer_patterns
-from keras_longattn.ops import routing
-from keras_longattn.ops.routing import balanced_assignment
-from keras_longattn.ops.routing import balanced_cluster_attention
-from keras_longattn.ops.routing import cluster_statistics
-from keras_longattn.ops.routing import clustered_window_attention
-from keras_longattn.ops.routing import ema_update
-from keras_longattn.ops.routing import gather_tokens
-from keras_longattn.ops.routing import nearest_centroid
-from keras_longattn.ops.routing import scatter_mean
-from keras_longattn.ops.routing import segment_means
-from keras_longattn.ops.routing import sphere_normalize
+from keras_longattn.ops.subset import key_subset_attention

@@ -1,4 +1,7 @@
-"""Blocked attention over a band of key blocks: O(n * w) time and memory.
+"""Blocked attention: a band of key blocks around each query block (local
+attention, the Sparse Transformer's local parts), and dense attention inside
+a batch of independent gathered blocks (routing clusters, sorted chunks).
+Band attention costs O(n * w) time and memory.
 
 The sequence is cut into blocks of ``block_size`` positions. Each query block
 attends to the key blocks that can hold a key within ``look_back`` positions
@@ -13,9 +16,9 @@ Shape legend: B batch, n number of blocks, b block size, C context length
 
 import math
 
-import keras
 from keras import ops
 
+from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import masked_softmax
@@ -175,42 +178,6 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     return q, k, v, mask
 
 
-def fused_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
-    """``keras.ops.dot_product_attention`` under the library's contract.
-
-    ``q`` ``(B, T, H, d)``, ``k``/``v`` ``(B, S, H, d|dv)``, ``mask`` boolean
-    broadcastable to ``(B, H, T, S)`` or None. Two differences from the bare
-    kernel: a query whose mask row has no True entry gets a zero output (the
-    kernel would average every key), and any value head size works (JAX's
-    kernel needs it equal to the query's: there the smaller side is
-    zero-padded; zero query/key columns add nothing to the scores, zero
-    value columns are cut from the output).
-    """
-    d, dv = q.shape[-1], v.shape[-1]
-    if d == dv or keras.backend.backend() != "jax":
-        out = ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-    else:
-        if scale is None:
-            scale = 1.0 / float(d) ** 0.5
-        width = max(d, dv)
-
-        def widen(x):
-            pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
-            return x if x.shape[-1] == width else ops.pad(x, pad)
-
-        out = ops.dot_product_attention(
-            widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=scale
-        )[..., :dv]
-    if mask is None:
-        return out
-    mask = ops.cast(mask, "bool")
-    while len(mask.shape) < 4:
-        mask = ops.expand_dims(mask, 0)
-    # (B|1, H|1, T) -> (B|1, T, H|1, 1), against out (B, T, H, dv).
-    visible = ops.transpose(ops.any(mask, axis=-1), (0, 2, 1))[..., None]
-    return ops.where(visible, out, ops.zeros_like(out))
-
-
 def fused_blocks(q, k, v, mask, scale=None):
     """Every block as one item of a batched :func:`fused_dot_product_attention`.
 
@@ -227,6 +194,57 @@ def fused_blocks(q, k, v, mask, scale=None):
     mf = ops.reshape(mask, (-1, 1, b, C))  # (B*n, 1, b, C)
     out = fused_dot_product_attention(qf, kf, vf, mask=mf, scale=scale)
     return ops.reshape(out, (-1, n, b, H, dv))
+
+
+def block_attention(qg, kg, vg, mask, scale, dropout_fn=None, fused=False):
+    """Dense attention inside every block of gathered ``(B, H, G, w, .)``
+    layouts (``G`` independent blocks per head: clusters, chunks).
+
+    ``qg`` ``(B, H, G, wq, d)``, ``kg``/``vg`` ``(B, H, G, wk, d|dv)``,
+    ``mask`` broadcastable to ``(B, H, G, wq, wk)`` or None. With ``fused``
+    through :func:`_fused_gathered_blocks` (no ``dropout_fn`` allowed), else
+    with explicit einsums and a masked softmax. Returns the outputs
+    ``(B, H, G, wq, dv)`` (zeros where a query sees no key) and the boolean
+    ``(B, H, G, wq)`` of the queries that see a key (None without a mask).
+    """
+    if fused:
+        if dropout_fn is not None:
+            raise ValueError("`fused=True` does not support attention dropout.")
+        return _fused_gathered_blocks(qg, kg, vg, mask, scale)
+    qg = ops.multiply(qg, ops.cast(scale, qg.dtype))
+    scores = ops.einsum("bhgqd,bhgkd->bhgqk", qg, kg)
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vg)
+    if mask is None:
+        return out, None
+    return out, ops.any(ops.broadcast_to(mask, ops.shape(scores)), axis=-1)
+
+
+def _fused_gathered_blocks(qg, kg, vg, mask, scale):
+    """Each block as one item of a batched ``dot_product_attention``.
+
+    ``qg`` ``(B, H, k, wq, d)``, ``kg``/``vg`` ``(B, H, k, wk, d|dv)``,
+    ``mask`` broadcastable to ``(B, H, k, wq, wk)`` or None. Returns the
+    outputs ``(B, H, k, wq, dv)`` (zeros where a query sees no key) and the
+    boolean ``(B, H, k, wq)`` of the queries that see a key (None without
+    a mask)."""
+    shape = tuple(ops.shape(qg))
+    wq, d = qg.shape[3], qg.shape[4]
+    wk, dv = kg.shape[3], vg.shape[4]
+    # (B*H*k, w, 1, d): reshapes only, one attention "head" per cluster.
+    qf = ops.reshape(qg, (-1, wq, 1, d))
+    kf = ops.reshape(kg, (-1, wk, 1, d))
+    vf = ops.reshape(vg, (-1, wk, 1, dv))
+    if mask is None:
+        out = fused_dot_product_attention(qf, kf, vf, scale=scale)
+        return ops.reshape(out, shape[:4] + (dv,)), None
+    mask = ops.broadcast_to(mask, shape[:4] + (wk,))
+    out = fused_dot_product_attention(
+        qf, kf, vf, mask=ops.reshape(mask, (-1, 1, wq, wk)), scale=scale
+    )
+    return ops.reshape(out, shape[:4] + (dv,)), ops.any(mask, axis=-1)
 
 
 def local_attention(

@@ -10,7 +10,11 @@ purposes:
 * an efficient path evaluates it only on the (query, key) pairs that its
   blocks contain, so that it never builds anything of size ``T * S``.
 
-Patterns compose with ``&`` (both allow) and ``|`` (either allows).
+Patterns compose with ``&`` (both allow, :class:`Intersection`), ``|``
+(either allows, :class:`Union`) and :class:`Difference` (one and not the
+other). Dense boolean masks (padding, a user's ``attention_mask``) combine
+with :func:`combine_dense_masks`; :func:`exclude_self_unless_alone` is the
+shared-query/key rule of the Reformer and the Routing Transformer.
 
 Shape legend: B batch, T query length, S key length.
 """
@@ -176,6 +180,36 @@ class Union(AttentionPattern):
         return {"patterns": self.patterns}
 
 
+class Difference(AttentionPattern):
+    """Keys allowed by ``include`` and not by ``exclude``.
+
+    The *merged* combination computes pattern B as ``Difference(B, A)`` so
+    that a key both patterns allow is counted once.
+    """
+
+    def __init__(self, include, exclude):
+        for name, p in (("include", include), ("exclude", exclude)):
+            if not isinstance(p, AttentionPattern):
+                raise TypeError(
+                    f"Difference expects AttentionPattern objects. Received: {name}={p!r}"
+                )
+        self.include = include
+        self.exclude = exclude
+
+    @property
+    def is_causal(self):
+        return self.include.is_causal
+
+    def allowed(self, q_pos, k_pos):
+        return ops.logical_and(
+            self.include.allowed(q_pos, k_pos),
+            ops.logical_not(self.exclude.allowed(q_pos, k_pos)),
+        )
+
+    def _fields(self):
+        return {"include": self.include, "exclude": self.exclude}
+
+
 class PaddingMask:
     """Per-example padding of queries and keys, kept structural.
 
@@ -263,3 +297,26 @@ def combine_dense_masks(*masks):
         m = ops.cast(m, "bool")
         result = m if result is None else ops.logical_and(result, m)
     return result
+
+
+def exclude_self_unless_alone(mask, is_self):
+    """Removes the ``is_self`` entries of every row of ``mask`` that has
+    another visible entry (attention with shared queries and keys: a token
+    sees itself only when nothing else is visible).
+
+    Args:
+        mask: boolean mask, or None (everything visible).
+        is_self: boolean, broadcastable with ``mask``; the last axis is the
+            key axis.
+
+    Returns:
+        A boolean mask of the broadcast shape.
+    """
+    if mask is None:
+        mask = ops.ones_like(is_self, dtype="bool")
+    mask = ops.logical_and(
+        ops.cast(mask, "bool"), ops.ones_like(is_self, dtype="bool")
+    )
+    others = ops.logical_and(mask, ops.logical_not(is_self))
+    has_other = ops.any(others, axis=-1, keepdims=True)
+    return ops.where(has_other, others, mask)

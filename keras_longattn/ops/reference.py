@@ -1,5 +1,7 @@
 """Dense masked attention: the specification every efficient path is checked
-against.
+against; and the softmax pieces that efficient paths share (a masked
+softmax, its log-sum-exp, and the exact merge of attention parts computed
+over disjoint key sets).
 
 Shape legend: B batch, T query length, S key length, H heads, d key/query
 head size, dv value head size.
@@ -89,3 +91,47 @@ def reference_attention(
     if return_scores:
         return out, weights
     return out
+
+
+def merge_attention_parts(parts):
+    """Merges attention computed over disjoint key sets into one softmax
+    (the log-sum-exp merge: e.g. a band part and a global-token part).
+
+    Each part is ``(out, lse)``: its normalised output ``(B, T, H, dv)`` and
+    the log-sum-exp of its logits ``(B, T, H)`` (float32, ``MASKED_LOGIT``
+    where the part sees no key). The result is
+    ``sum_p out_p * exp(lse_p - lse)`` with ``lse = logaddexp_p(lse_p)``,
+    finite everywhere (rows that see no key in any part stay zero).
+    """
+    dtype = parts[0][0].dtype
+    lse = parts[0][1]
+    for _, other in parts[1:]:
+        lse = ops.logaddexp(lse, other)
+    total = None
+    for out, part_lse in parts:
+        weight = ops.exp(part_lse - lse)[..., None]
+        term = ops.cast(out, "float32") * weight
+        total = term if total is None else total + term
+    return ops.cast(total, dtype)
+
+
+def softmax_with_lse(scores, mask):
+    """Masked softmax in float32 over the last axis, and its log-sum-exp.
+
+    Returns ``(probs, lse)``: ``probs`` in the dtype of ``scores``, exactly 0
+    on masked entries and on rows with no visible entry (as
+    :func:`keras_longattn.ops.masked_softmax`); ``lse`` float32 without the
+    last axis, about ``MASKED_LOGIT`` on rows with no visible entry. Finite
+    values and gradients everywhere.
+    """
+    dtype = scores.dtype
+    mask = ops.cast(mask, "bool")
+    scores = ops.where(mask, ops.cast(scores, "float32"), MASKED_LOGIT)
+    top = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
+    e = ops.exp(scores - top)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    probs = ops.where(mask, e / total, 0.0)
+    # A row with no visible entry has lse = MASKED_LOGIT + log(count), which
+    # rounds to MASKED_LOGIT in float32: finite, and weightless when merged.
+    lse = ops.squeeze(top + ops.log(total), -1)
+    return ops.cast(probs, dtype), lse

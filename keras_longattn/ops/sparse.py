@@ -37,19 +37,21 @@ length, c summary width.
 
 import math
 
-import keras
 import numpy as np
 from keras import ops
 
 from keras_longattn._validation import positive_int as _check_positive_int
 from keras_longattn.ops.blocked import band_blocks
 from keras_longattn.ops.blocked import fused_blocks
-from keras_longattn.ops.blocked import fused_dot_product_attention
 from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import Difference
 from keras_longattn.ops.patterns import LocalPattern
-from keras_longattn.ops.reference import MASKED_LOGIT
+from keras_longattn.ops.reference import merge_attention_parts
+from keras_longattn.ops.reference import softmax_with_lse
+from keras_longattn.ops.subset import key_subset_attention
 
 #: Values of the ``pattern`` argument.
 SPARSE_PATTERNS = ("strided", "fixed")
@@ -127,36 +129,6 @@ class SummaryPattern(AttentionPattern):
 
     def _fields(self):
         return {"block_length": self.block_length, "summary_width": self.summary_width}
-
-
-class Difference(AttentionPattern):
-    """Keys allowed by ``include`` and not by ``exclude``.
-
-    The *merged* combination computes pattern B as ``Difference(B, A)`` so
-    that a key both patterns allow is counted once.
-    """
-
-    def __init__(self, include, exclude):
-        for name, p in (("include", include), ("exclude", exclude)):
-            if not isinstance(p, AttentionPattern):
-                raise TypeError(
-                    f"Difference expects AttentionPattern objects. Received: {name}={p!r}"
-                )
-        self.include = include
-        self.exclude = exclude
-
-    @property
-    def is_causal(self):
-        return self.include.is_causal
-
-    def allowed(self, q_pos, k_pos):
-        return ops.logical_and(
-            self.include.allowed(q_pos, k_pos),
-            ops.logical_not(self.exclude.allowed(q_pos, k_pos)),
-        )
-
-    def _fields(self):
-        return {"include": self.include, "exclude": self.exclude}
 
 
 def sparse_transformer_patterns(pattern, block_length, summary_width=None, causal=False):
@@ -374,7 +346,7 @@ def sparse_attention(
                 return _fused_column_part(q, k, v, valid, pat, l, causal, all_valid), None
             return _column_part(q, k, v, valid, pat, l, dropout_fn)
         if fused:
-            return _fused_summary_part(q, k, v, valid, pat, l, c, causal), None
+            return _summary_part(q, k, v, valid, pat, l, c, causal=causal, fused=True)
         return _summary_part(q, k, v, valid, pat, l, c, dropout_fn, causal)
 
     if combination == "first":
@@ -390,51 +362,8 @@ def sparse_attention(
     else:  # merged: one softmax over A and (B without A).
         out_a, lse_a = part_a(query, key, value, first)
         out_b, lse_b = part_b(query, key, value, Difference(second, first))
-        out = combine_normalised_parts([(out_a, lse_a), (out_b, lse_b)])
+        out = merge_attention_parts([(out_a, lse_a), (out_b, lse_b)])
     return out[:, :T]
-
-
-def combine_normalised_parts(parts):
-    """Merges attention computed over disjoint key sets into one softmax.
-
-    Each part is ``(out, lse)``: its normalised output ``(B, T, H, dv)`` and
-    the log-sum-exp of its logits ``(B, T, H)`` (float32, ``MASKED_LOGIT``
-    where the part sees no key). The result is
-    ``sum_p out_p * exp(lse_p - lse)`` with ``lse = logaddexp_p(lse_p)``,
-    finite everywhere (rows that see no key in any part stay zero).
-    """
-    dtype = parts[0][0].dtype
-    lse = parts[0][1]
-    for _, other in parts[1:]:
-        lse = ops.logaddexp(lse, other)
-    total = None
-    for out, part_lse in parts:
-        weight = ops.exp(part_lse - lse)[..., None]
-        term = ops.cast(out, "float32") * weight
-        total = term if total is None else total + term
-    return ops.cast(total, dtype)
-
-
-def softmax_with_lse(scores, mask):
-    """Masked softmax in float32 over the last axis, and its log-sum-exp.
-
-    Returns ``(probs, lse)``: ``probs`` in the dtype of ``scores``, exactly 0
-    on masked entries and on rows with no visible entry (as
-    :func:`keras_longattn.ops.masked_softmax`); ``lse`` float32 without the
-    last axis, about ``MASKED_LOGIT`` on rows with no visible entry. Finite
-    values and gradients everywhere.
-    """
-    dtype = scores.dtype
-    mask = ops.cast(mask, "bool")
-    scores = ops.where(mask, ops.cast(scores, "float32"), MASKED_LOGIT)
-    top = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
-    e = ops.exp(scores - top)
-    total = ops.sum(e, axis=-1, keepdims=True)
-    probs = ops.where(mask, e / total, 0.0)
-    # A row with no visible entry has lse = MASKED_LOGIT + log(count), which
-    # rounds to MASKED_LOGIT in float32: finite, and weightless when merged.
-    lse = ops.squeeze(top + ops.log(total), -1)
-    return ops.cast(probs, dtype), lse
 
 
 # ------------------------------------------------------------------ parts
@@ -487,12 +416,6 @@ def _column_part(query, key, value, valid, pattern, l, dropout_fn):
 
 #: Query groups of the summary part (fixed B) with causal attention.
 _SUMMARY_GROUPS = 8
-#: Above this many scores per example in one group, the einsum summary part
-#: recomputes the group's attention in the backward pass (keras.remat)
-#: instead of storing its weights, so that long sequences fit in memory.
-_SUMMARY_REMAT_SCORES = 1 << 25
-
-
 def _summary_keys(key, value, valid, l, c):
     """The summary keys (last ``c`` cells of every block), their values,
     validity ``(B or 1, m * c)`` and static positions ``(m * c,)``."""
@@ -506,6 +429,23 @@ def _summary_keys(key, value, valid, l, c):
     return k, v, kv_valid, k_pos.reshape(-1)
 
 
+def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn=None, causal=True,
+                  fused=False):
+    """Every query against the summary keys, the last ``c`` cells of each
+    block (fixed B), in the query groups of :func:`_summary_groups`
+    (queries already scaled). O(N * m * c); returns ``(out, lse)`` (lse
+    None when fused)."""
+    m = query.shape[1] // l
+    k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
+    groups = [
+        (first * l, end * l, read * c) for first, end, read in _summary_groups(m, causal)
+    ]
+    return key_subset_attention(
+        query, k, v, k_pos, kv_valid, pattern, query_groups=groups, scale=1.0,
+        dropout_fn=dropout_fn, fused=fused,
+    )
+
+
 def _summary_groups(m, causal):
     """Query groups of the summary part: ``(first block, end block, summary
     blocks read)`` each. Causal: up to 8 groups of whole blocks, each
@@ -516,51 +456,6 @@ def _summary_groups(m, causal):
     groups = min(_SUMMARY_GROUPS, m)
     bounds = [round(g * m / groups) for g in range(groups + 1)]
     return [(bounds[g], bounds[g + 1], bounds[g + 1]) for g in range(groups)]
-
-
-def _summary_group_masks(pattern, kv_valid, k_pos, l, c, m, causal):
-    """For each query group of :func:`_summary_groups`: its query positions
-    ``start:stop``, the number ``kn`` of summaries it reads, and its mask
-    ``(B or 1, 1, stop - start, kn)`` (the pattern on static positions AND
-    key validity)."""
-    for first, end, read in _summary_groups(m, causal):
-        q_pos = np.arange(first * l, end * l, dtype="int32")
-        kn = read * c
-        allowed = pattern.allowed(
-            _positions(q_pos[None, None, :, None]), _positions(k_pos[None, None, None, :kn])
-        )  # (1, 1, Tg, kn)
-        mask = ops.logical_and(allowed, kv_valid[:, None, None, :kn])
-        yield first * l, end * l, kn, mask
-
-
-def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn, causal=True):
-    """Every query against the summary keys, the last ``c`` cells of each
-    block (fixed B), in the query groups of :func:`_summary_groups`.
-    O(N * m * c); a group with many scores is recomputed in the backward
-    pass rather than stored (without dropout)."""
-    N, H = query.shape[1], query.shape[2]
-    m = N // l
-    k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
-    outs, lses = [], []
-    for start, stop, kn, mask in _summary_group_masks(pattern, kv_valid, k_pos, l, c, m, causal):
-
-        def attend(q, k, v, mask=mask):
-            # (B, Tg, H, d) x (B, kn, H, d) -> (B, H, Tg, kn)
-            scores = ops.einsum("bqhd,bkhd->bhqk", q, k)
-            probs, lse = softmax_with_lse(scores, mask)  # lse: (B, H, Tg)
-            if dropout_fn is not None:
-                probs = dropout_fn(probs)
-            # (B, H, Tg, kn) x (B, kn, H, dv) -> (B, Tg, H, dv)
-            return ops.einsum("bhqk,bkhd->bqhd", probs, v), lse
-
-        if dropout_fn is None and (stop - start) * kn * H > _SUMMARY_REMAT_SCORES:
-            attend = keras.remat(attend)
-        out, lse = attend(query[:, start:stop], k[:, :kn], v[:, :kn])
-        outs.append(out)
-        lses.append(ops.transpose(lse, (0, 2, 1)))
-    if len(outs) == 1:
-        return outs[0], lses[0]
-    return ops.concatenate(outs, axis=1), ops.concatenate(lses, axis=1)
 
 
 # ------------------------------------------------------------ fused parts
@@ -610,20 +505,6 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
         out = _dot_product_attention(q, k, v, mask=mask)
     out = ops.transpose(ops.reshape(out, (-1, l, m, H, dv)), (0, 2, 1, 3, 4))
     return ops.reshape(out, (-1, N, H, dv))
-
-
-def _fused_summary_part(query, key, value, valid, pattern, l, c, causal):
-    """Fixed B through the fused kernel, in the query groups of
-    :func:`_summary_groups`."""
-    m = query.shape[1] // l
-    k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
-    outs = [
-        _dot_product_attention(query[:, start:stop], k[:, :kn], v[:, :kn], mask=mask)
-        for start, stop, kn, mask in _summary_group_masks(
-            pattern, kv_valid, k_pos, l, c, m, causal
-        )
-    ]
-    return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)
 
 
 def _positions(array):

@@ -14,6 +14,15 @@ MODULES = [
     "keras_longattn.ops.patterns",
     "keras_longattn.ops.blocked",
     "keras_longattn.ops.reference",
+    "keras_longattn.ops.fused",
+    "keras_longattn.ops.subset",
+    "keras_longattn.ops.segments",
+    "keras_longattn.ops.kmeans",
+    "keras_longattn.ops.chunked",
+    "keras_longattn.ops.routing",
+    "keras_longattn.ops.sparse",
+    "keras_longattn.layers.implementation",
+    "keras_longattn.kernels",
 ]
 
 

@@ -267,15 +267,24 @@ def test_one_cluster_equals_full_attention_in_values_and_gradients(implementatio
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=wrt)
 
 
-def test_fused_path_with_dropout_in_training():
-    """Attention dropout falls back to explicit weights inside the fused path
-    (local heads included) instead of failing."""
+def test_fused_path_refuses_dropout_in_training():
+    """The fused path has no attention dropout: asked for explicitly, it
+    refuses a training call with dropout (naming the reason) instead of
+    computing something else; ``auto`` then runs ``routed`` and says so."""
     x = _x(T=24)
     layer = RoutingAttention(num_heads=2, key_dim=8, num_clusters=3, local_heads=1,
                              local_window=4, dropout=0.5, implementation="routed_fused")
-    out = to_np(layer(x, x, use_causal_mask=True, training=True))
-    assert out.shape == (2, 24, 16) and np.all(np.isfinite(out))
+    with pytest.raises(ValueError, match="routed_fused: attention dropout"):
+        layer(x, x, use_causal_mask=True, training=True)
     inference = to_np(layer(x, x, use_causal_mask=True, training=False))
+    assert layer.last_implementation == "routed_fused"
+    auto = RoutingAttention(num_heads=2, key_dim=8, num_clusters=3, local_heads=1,
+                            local_window=4, dropout=0.5)
+    auto(x, x)
+    auto.set_weights(layer.get_weights())
+    out = to_np(auto(x, x, use_causal_mask=True, training=True))
+    assert auto.last_implementation == "routed"
+    assert out.shape == (2, 24, 16) and np.all(np.isfinite(out))
     assert not np.allclose(out, inference)
 
 

@@ -9,7 +9,11 @@ from keras import ops
 from keras.ops import convert_to_numpy as to_np
 
 from keras_longattn.ops import reference_attention
+from keras_longattn.ops import chunked as CH
+from keras_longattn.ops import kmeans as KM
+from keras_longattn.ops import patterns as P
 from keras_longattn.ops import routing as R
+from keras_longattn.ops import segments as SG
 from keras_longattn.testing import rel_error
 
 
@@ -20,26 +24,26 @@ def _rand(*shape, seed=0):
 def test_sphere_normalize_is_centered_unit_length_layer_norm():
     x = _rand(3, 5, 2, 8)
     x[0, 0, 0] = 0.0  # a zero (padding) vector stays zero
-    y = to_np(R.sphere_normalize(x))
+    y = to_np(KM.sphere_normalize(x))
     c = x - x.mean(-1, keepdims=True)
     expected = c / np.sqrt(c.var(-1, keepdims=True) + 1e-6) / np.sqrt(8)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
     norms = np.linalg.norm(y, axis=-1)
     np.testing.assert_allclose(norms[norms > 0.5], 1.0, rtol=1e-4)
     assert np.all(y[0, 0, 0] == 0.0)
-    assert to_np(R.sphere_normalize(x.astype("float16"))).dtype == np.float32
+    assert to_np(KM.sphere_normalize(x.astype("float16"))).dtype == np.float32
 
 
 def test_similarity_and_nearest_centroid():
-    x_hat = to_np(R.sphere_normalize(_rand(2, 9, 3, 4)))
+    x_hat = to_np(KM.sphere_normalize(_rand(2, 9, 3, 4)))
     mu = _rand(3, 5, 4, seed=1)
-    sim = to_np(R.centroid_similarity(x_hat, mu))
+    sim = to_np(KM.centroid_similarity(x_hat, mu))
     mu_hat = mu / np.linalg.norm(mu, axis=-1, keepdims=True)
     expected = np.einsum("bnhd,hkd->bhkn", x_hat, mu_hat)
     np.testing.assert_allclose(sim, expected, rtol=1e-5, atol=1e-6)
     valid = np.ones((2, 9), bool)
     valid[1, 6:] = False
-    near = to_np(R.nearest_centroid(sim, valid))
+    near = to_np(KM.nearest_centroid(sim, valid))
     np.testing.assert_array_equal(near[0], expected[0].argmax(1))
     np.testing.assert_array_equal(near[1, :, :6], expected[1, :, :, :6].argmax(1))
     assert np.all(near[1, :, 6:] == 5)  # padding: no cluster
@@ -49,7 +53,7 @@ def test_balanced_assignment_is_sorted_top_w_and_ranks_padding_last():
     sim = np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 11)).astype("float32")
     valid = np.ones((2, 11), bool)
     valid[0, :4] = False
-    idx = to_np(R.balanced_assignment(sim, 5, valid))
+    idx = to_np(KM.balanced_assignment(sim, 5, valid))
     assert idx.shape == (2, 3, 4, 5)
     assert np.all(np.diff(idx, axis=-1) > 0)
     masked = np.where(valid[:, None, None, :], sim, -np.inf)
@@ -59,28 +63,28 @@ def test_balanced_assignment_is_sorted_top_w_and_ranks_padding_last():
                 top = np.sort(np.argsort(-masked[b, h, c], kind="stable")[:5])
                 np.testing.assert_array_equal(idx[b, h, c], top)
     # More members than real tokens: the real ones come first.
-    idx = to_np(R.balanced_assignment(sim, 9, valid))
+    idx = to_np(KM.balanced_assignment(sim, 9, valid))
     assert set(range(4, 11)) <= set(idx[0, 0, 0].tolist())
     with pytest.raises(ValueError, match="window=12"):
-        R.balanced_assignment(sim, 12)
+        KM.balanced_assignment(sim, 12)
 
 
 def test_gather_tokens_and_scatter_mean():
-    x = _rand(2, 3, 7, 4)
+    x = _rand(2, 7, 3, 4)  # (B, n, H, d): the token layout
     idx = np.random.default_rng(0).integers(0, 7, (2, 3, 4, 5)).astype("int32")
-    g = to_np(R.gather_tokens(x, idx))
+    g = to_np(SG.gather_tokens(x, idx))  # (B, H, 4, 5, d)
     for b in range(2):
         for h in range(3):
-            np.testing.assert_array_equal(g[b, h], x[b, h][idx[b, h]])
-    mean, counts = R.scatter_mean(g, idx, 7)
-    mean, counts = to_np(mean), to_np(counts)
+            np.testing.assert_array_equal(g[b, h], x[b, :, h][idx[b, h]])
+    mean, counts = SG.scatter_mean(g, idx, 7, return_counts=True)
+    mean, counts = to_np(mean), to_np(counts)  # (B, n, H, d), (B, H, n)
     for b in range(2):
         for h in range(3):
             for i in range(7):
                 hits = idx[b, h] == i
                 assert counts[b, h, i] == hits.sum()
-                expected = g[b, h][hits].mean(0) if hits.any() else np.zeros(4)
-                np.testing.assert_allclose(mean[b, h, i], expected, rtol=1e-5, atol=1e-6)
+                expected = g[b, h][hits].mean(axis=0) if hits.any() else np.zeros(4)
+                np.testing.assert_allclose(mean[b, i, h], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_cluster_statistics_and_ema_update():
@@ -88,7 +92,7 @@ def test_cluster_statistics_and_ema_update():
     assign = np.random.default_rng(0).integers(0, 3, (2, 2, 6)).astype("int32")
     assign[0, :, 0] = 4  # padding (k = 4 clusters below, sentinel 4)
     assign[..., :] = np.where(assign == 3, 2, assign)  # cluster 3 stays empty
-    sums, counts = R.cluster_statistics(x_hat, assign, 4)
+    sums, counts = KM.cluster_statistics(x_hat, assign, 4)
     sums, counts = to_np(sums), to_np(counts)
     for h in range(2):
         for c in range(4):
@@ -98,7 +102,7 @@ def test_cluster_statistics_and_ema_update():
                 sums[h, c], x_hat[:, :, h][sel].sum(0), rtol=1e-5, atol=1e-6
             )
     mu = _rand(2, 4, 3, seed=3)
-    new = to_np(R.ema_update(mu, sums, counts, 0.9))
+    new = to_np(KM.ema_update(mu, sums, counts, 0.9))
     np.testing.assert_array_equal(new[:, 3], mu[:, 3])  # empty: unchanged
     means = sums / np.maximum(counts, 1)[..., None]
     np.testing.assert_allclose(new[:, :3], 0.9 * mu[:, :3] + 0.1 * means[:, :3], rtol=1e-5)
@@ -111,8 +115,8 @@ def test_balanced_attention_equals_dense_weights(causal, exclude_self):
     sim = np.random.default_rng(4).uniform(-1, 1, (B, H, k, T)).astype("float32")
     key_mask = np.ones((B, T), bool)
     key_mask[1, 9:] = False
-    qi = R.balanced_assignment(sim, w)
-    ki = R.balanced_assignment(sim[..., ::-1].copy(), w, key_mask)
+    qi = KM.balanced_assignment(sim, w)
+    ki = KM.balanced_assignment(sim[..., ::-1].copy(), w, key_mask)
     out = to_np(R.balanced_cluster_attention(
         q, kk, v, qi, ki, causal=causal, key_mask=key_mask, exclude_self=exclude_self))
     weights = to_np(R.balanced_cluster_weights(
@@ -159,7 +163,7 @@ def test_clustered_window_mask_matches_brute_force(shared):
     B, H, T, k, w = 2, 2, 17, 3, 3
     cq = rng.integers(0, k + 1, (B, H, T)).astype("int32")  # k = padding
     ck = cq if shared else rng.integers(0, k + 1, (B, H, T)).astype("int32")
-    mask = to_np(R.clustered_window_mask(cq, ck, k, w, shared=shared))
+    mask = to_np(CH.sorted_chunk_mask(cq, ck, k, w, shared=shared))
     for b in range(B):
         for h in range(H):
             np.testing.assert_array_equal(
@@ -173,7 +177,7 @@ def test_clustered_window_attention_equals_dense_mask(shared, w, fused, slices, 
     """Einsum and fused chunk paths (the fused one also cut into slices of
     3 chunks per attention call, as torch does for long inputs)."""
     if slices is not None:
-        monkeypatch.setattr(R, "_chunks_per_call", lambda items, wq, wk: slices)
+        monkeypatch.setattr(CH, "_chunks_per_call", lambda items, wq, wk: slices)
     rng = np.random.default_rng(w)
     B, T, H, d, k = 2, 23, 2, 4, 4
     q = _rand(B, T, H, d, seed=1)
@@ -182,12 +186,12 @@ def test_clustered_window_attention_equals_dense_mask(shared, w, fused, slices, 
     cq = rng.integers(0, k, (B, H, T)).astype("int32")
     cq[1, :, :5] = k  # padded tokens
     ck = cq if shared else rng.integers(0, k + 1, (B, H, T)).astype("int32")
-    attention = R.clustered_window_attention.uncompiled  # monkeypatch-safe on JAX
+    attention = CH.sorted_chunk_attention.uncompiled  # monkeypatch-safe on JAX
     out = to_np(attention(q, kk, v, cq, ck, k, w, shared=shared, fused=fused))
-    mask = R.clustered_window_mask(cq, ck, k, w, shared=shared)
+    mask = CH.sorted_chunk_mask(cq, ck, k, w, shared=shared)
     if shared:
         eye = np.eye(T, dtype=bool)[None, None]
-        mask = R.exclude_self_unless_alone(mask, eye)
+        mask = P.exclude_self_unless_alone(mask, eye)
     expected = to_np(reference_attention(q, kk, v, mask=mask))
     assert rel_error(out, expected) < 1e-5
     assert np.all(out[1, :5] == 0.0)  # padded queries: zeros
@@ -199,7 +203,7 @@ def test_clustered_window_attention_with_every_token_padded(fused):
     left to run)."""
     q = _rand(1, 9, 2, 4)
     pad = np.full((1, 2, 9), 3, "int32")  # k = 3 marks padding
-    out = to_np(R.clustered_window_attention(q, q, q, pad, pad, 3, 4, fused=fused))
+    out = to_np(CH.sorted_chunk_attention(q, q, q, pad, pad, 3, 4, fused=fused))
     assert out.shape == (1, 9, 2, 4) and np.all(out == 0.0)
 
 
@@ -209,12 +213,12 @@ def test_clustered_window_attention_is_causal_by_construction():
     T, k, w = 20, 3, 3
     cq = rng.integers(0, k, (1, 1, T)).astype("int32")
     ck = rng.integers(0, k, (1, 1, T)).astype("int32")
-    mask = to_np(R.clustered_window_mask(cq, ck, k, w))
+    mask = to_np(CH.sorted_chunk_mask(cq, ck, k, w))
     for t in range(T - 1):
         cq2, ck2 = cq.copy(), ck.copy()
         cq2[..., t + 1:] = rng.integers(0, k, T - t - 1)
         ck2[..., t + 1:] = rng.integers(0, k, T - t - 1)
-        mask2 = to_np(R.clustered_window_mask(cq2, ck2, k, w))
+        mask2 = to_np(CH.sorted_chunk_mask(cq2, ck2, k, w))
         np.testing.assert_array_equal(mask2[..., : t + 1, :], mask[..., : t + 1, :])
 
 
@@ -229,11 +233,11 @@ def test_no_intermediate_of_size_n_squared():
     sim = np.random.default_rng(1).uniform(-1, 1, (B, H, k, n)).astype("float32")
 
     def balanced(q, kk, v, sim):
-        idx = R.balanced_assignment(sim, w)
+        idx = KM.balanced_assignment(sim, w)
         return R.balanced_cluster_attention(q, kk, v, idx, idx, causal=True)
 
     def token(q, kk, v, cq):
-        return R.clustered_window_attention(q, kk, v, cq, cq, k, w)
+        return CH.sorted_chunk_attention(q, kk, v, cq, cq, k, w)
 
     def sizes(jaxpr):
         # Every intermediate, nested (compiled) sub-programs included.
@@ -256,7 +260,7 @@ def test_no_intermediate_of_size_n_squared():
 def test_exclude_self_unless_alone():
     mask = np.array([[True, True, False], [False, True, False], [False, False, False]])
     eye = np.eye(3, dtype=bool)
-    out = to_np(R.exclude_self_unless_alone(ops.convert_to_tensor(mask), eye))
+    out = to_np(P.exclude_self_unless_alone(ops.convert_to_tensor(mask), eye))
     np.testing.assert_array_equal(
         out, [[False, True, False], [False, True, False], [False, False, False]]
     )

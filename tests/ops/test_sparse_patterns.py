@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from keras_longattn.ops import sparse as sp
+from keras_longattn.ops import subset as subset_ops
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import reference_attention
 from keras_longattn.testing import input_gradient
@@ -353,7 +354,7 @@ def test_summary_groups_with_recomputation_match(monkeypatch):
         return sp.sparse_attention(x, k, v, "fixed", 4, 1, "merged", True, key_mask=key_mask)
 
     stored = input_gradient(f, q)
-    monkeypatch.setattr(sp, "_SUMMARY_REMAT_SCORES", 0)
+    monkeypatch.setattr(subset_ops, "REMAT_SCORES", 0)
     out = to_np(f(q))
     assert rel_error(out, ref) < 1e-5
     recomputed = input_gradient(f, q)

@@ -1,0 +1,140 @@
+"""Backend-specific code, behind one small table of operations.
+
+``keras_longattn.layers`` and ``keras_longattn.ops`` are written in
+``keras.ops`` only: they never ask which backend is active and never import
+jax, tensorflow or torch. Where a backend has a faster or a more exact way
+to do one of the few operations below, it lives in
+``kernels/<backend>/`` and is reached through :func:`backend_ops`, which
+imports the active backend's module lazily, on first use.
+
+The table (methods of :class:`BackendOps`; the portable default is what a
+backend without its own entry gets):
+
+* ``take_rows(x, rows)``: ``x[rows]`` of a 2-D tensor;
+* ``segment_sum(data, segment_ids, num_segments)``: sums over the first axis;
+* ``top_k_indices(x, k, axis)``: positions of the ``k`` largest entries
+  along ``axis``, ties resolved towards the lower position on every backend;
+* ``dot_product_attention(q, k, v, mask, is_causal, scale)``: the fused
+  attention kernel of the backend, any value head size;
+* ``kept_items(flags)``: the indices of the True entries of a 1-D boolean
+  tensor when the backend runs data-dependent shapes eagerly, else None;
+* ``max_scores_per_call``: how many attention scores one fused call of
+  sorted-chunk attention should hold at most (None: no limit);
+* ``compile(fn, static_argnames)``: the backend's compile policy for a
+  kernel made of many small operations (:func:`compiled` applies it);
+* ``auto_preference``: the order in which ``implementation="auto"`` tries
+  the *kinds* of implementation (``"explicit"``: einsums and a masked
+  softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
+  on block layouts).
+"""
+
+import functools
+import importlib
+
+import keras
+from keras import ops
+
+#: Kinds of implementation a layer declares (see
+#: :class:`keras_longattn.layers.Implementation`).
+IMPLEMENTATION_KINDS = ("explicit", "fused")
+
+
+class BackendOps:
+    """The portable entries of the table: ``keras.ops`` only."""
+
+    #: Name of the backend this table serves.
+    name = "portable"
+    #: Kinds of implementation, in the order ``"auto"`` tries them.
+    auto_preference = ("explicit", "fused")
+    #: Most scores per fused call of sorted-chunk attention (None: no limit).
+    max_scores_per_call = None
+
+    def take_rows(self, x, rows):
+        """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""
+        return ops.take(x, rows, axis=0)
+
+    def segment_sum(self, data, segment_ids, num_segments):
+        """Sums of the rows of ``data`` per segment id in
+        ``[0, num_segments)``."""
+        return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+
+    def top_k_indices(self, x, k, axis=-1):
+        """int32 positions of the ``k`` largest entries along ``axis`` (in no
+        particular order), the lower position first among equal values.
+
+        ``keras.ops.top_k`` on JAX and TensorFlow already prefers the lower
+        index among ties.
+        """
+        rank = len(x.shape)
+        axis = axis % rank
+        if axis != rank - 1:
+            x = ops.moveaxis(x, axis, -1)
+        _, idx = ops.top_k(x, int(k))
+        idx = ops.cast(idx, "int32")
+        if axis != rank - 1:
+            idx = ops.moveaxis(idx, -1, axis)
+        return idx
+
+    def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
+        """``keras.ops.dot_product_attention`` (``(B, T, H, d)`` layout)."""
+        return ops.dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale
+        )
+
+    def kept_items(self, flags):
+        """Indices of the True entries of boolean ``flags`` ``(N,)``, or None
+        where the backend cannot run a data-dependent shape."""
+        return None
+
+    def compile(self, fn, static_argnames=()):
+        """The compiled form of ``fn`` (here: ``fn`` itself)."""
+        return fn
+
+
+_TABLES = {}
+_MODULES = {
+    "jax": "keras_longattn.kernels.jax",
+    "tensorflow": "keras_longattn.kernels.tensorflow",
+    "torch": "keras_longattn.kernels.torch",
+}
+
+
+def backend_ops(backend=None):
+    """The table of operations of ``backend`` (default: the active Keras
+    backend), a :class:`BackendOps`. Imported on first use."""
+    backend = backend or keras.backend.backend()
+    table = _TABLES.get(backend)
+    if table is None:
+        module = _MODULES.get(backend)
+        table = BackendOps() if module is None else importlib.import_module(module).OPS
+        _TABLES[backend] = table
+    return table
+
+
+def compiled(static_argnames=()):
+    """Decorator: runs a kernel under the active backend's compile policy.
+
+    On JAX the function becomes one compiled program per shapes and static
+    arguments (eager JAX would otherwise compile each primitive on first
+    use); a call with a ``dropout_fn`` (stateful randomness) runs plainly.
+    On torch it stays eager inside a ``torch.compile``-d model; on
+    TensorFlow it runs as it is (inside ``tf.function`` when the model is).
+    ``wrapper.uncompiled`` is the plain function.
+    """
+
+    def decorate(fn):
+        cache = {}
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            backend = keras.backend.backend()
+            run = cache.get(backend)
+            if run is None:
+                run = backend_ops(backend).compile(fn, static_argnames)
+                cache[backend] = run
+            return run(*args, **kwargs)
+
+        wrapper.uncompiled = fn
+        return wrapper
+
+    return decorate

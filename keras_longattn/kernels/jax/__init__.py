@@ -1,0 +1,48 @@
+"""JAX entries of the backend table (see :mod:`keras_longattn.kernels`)."""
+
+import jax
+from keras import ops
+
+from keras_longattn.kernels import BackendOps
+
+
+class JaxOps(BackendOps):
+    name = "jax"
+
+    def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
+        # JAX's kernel needs the value head size equal to the query's: the
+        # smaller side is zero-padded (zero query/key columns add nothing to
+        # the scores; the zero value columns are cut from the output).
+        d, dv = q.shape[-1], v.shape[-1]
+        if d == dv:
+            return ops.dot_product_attention(
+                q, k, v, mask=mask, is_causal=is_causal, scale=scale
+            )
+        if scale is None:
+            scale = 1.0 / float(d) ** 0.5
+        width = max(d, dv)
+
+        def widen(x):
+            if x.shape[-1] == width:
+                return x
+            pad = [[0, 0]] * (len(x.shape) - 1) + [[0, width - x.shape[-1]]]
+            return ops.pad(x, pad)
+
+        out = ops.dot_product_attention(
+            widen(q), widen(k), widen(v), mask=mask, is_causal=is_causal, scale=scale
+        )
+        return out[..., :dv]
+
+    def compile(self, fn, static_argnames=()):
+        jitted = jax.jit(fn, static_argnames=tuple(static_argnames))
+
+        def run(*args, **kwargs):
+            # Stateful randomness (attention dropout) is not traced.
+            if kwargs.get("dropout_fn") is not None:
+                return fn(*args, **kwargs)
+            return jitted(*args, **kwargs)
+
+        return run
+
+
+OPS = JaxOps()

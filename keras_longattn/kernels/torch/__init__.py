@@ -1,0 +1,85 @@
+"""PyTorch entries of the backend table (see :mod:`keras_longattn.kernels`).
+
+Measured on a CPU with torch 2.13: ``index_select`` / ``index_add`` have
+gradients several times cheaper than the embedding lookup and scatter that
+``keras.ops.take`` / ``keras.ops.segment_sum`` run; ``topk`` over a
+non-last axis avoids a transposed copy; the fused
+``scaled_dot_product_attention`` makes the ``"fused"`` implementations
+faster than explicit einsums, so ``"auto"`` prefers them.
+"""
+
+import torch
+from keras import ops
+
+from keras_longattn.kernels import BackendOps
+
+#: Most scores (elements of one ``(chunks, w, 2w)`` mask) that one attention
+#: call of sorted-chunk attention takes. Keeping every temporary of a call
+#: well under glibc's largest mmap threshold (32 MiB) lets the allocator
+#: reuse memory between calls instead of mapping and page-faulting fresh
+#: buffers, which cost more than the attention itself at n = 16K on a CPU.
+MAX_SCORES_PER_CALL = 1 << 22
+
+
+class TorchOps(BackendOps):
+    name = "torch"
+    auto_preference = ("fused", "explicit")
+    max_scores_per_call = MAX_SCORES_PER_CALL
+
+    def take_rows(self, x, rows):
+        x = ops.convert_to_tensor(x)
+        rows = ops.convert_to_tensor(rows).to(torch.int64)
+        return torch.index_select(x, 0, rows)
+
+    def segment_sum(self, data, segment_ids, num_segments):
+        data = ops.convert_to_tensor(data)
+        ids = ops.convert_to_tensor(segment_ids).to(torch.int64)
+        out = torch.zeros(
+            (int(num_segments),) + tuple(data.shape[1:]),
+            dtype=data.dtype,
+            device=data.device,
+        )
+        return out.index_add(0, ids, data)
+
+    def top_k_indices(self, x, k, axis=-1):
+        x = ops.convert_to_tensor(x)
+        k = int(k)
+        idx = torch.topk(x, k, dim=axis, sorted=False).indices
+        # torch.topk resolves ties at the k-th value in no stated order.
+        # Where a row has more entries equal to its k-th value than places
+        # left, take them by ascending position (as JAX and TensorFlow do).
+        kth = torch.amin(torch.gather(x, axis, idx), dim=axis, keepdim=True)
+        at_least = torch.count_nonzero(x >= kth, dim=axis)
+        if bool((at_least > k).any()):
+            above = x > kth
+            need = k - torch.count_nonzero(above, dim=axis).unsqueeze(axis)
+            tie = x == kth
+            rank = torch.cumsum(tie.to(torch.int32), dim=axis)
+            chosen = above | (tie & (rank <= need))
+            # Exactly k chosen per row: their positions, ascending.
+            moved = chosen.movedim(axis, -1)
+            pos = moved.nonzero()[:, -1].reshape(moved.shape[:-1] + (k,))
+            idx = pos.movedim(-1, axis)
+        return idx.to(torch.int32)
+
+    def kept_items(self, flags):
+        if torch.compiler.is_compiling():
+            return None
+        return ops.convert_to_tensor(flags).nonzero()[:, 0]
+
+    def compile(self, fn, static_argnames=()):
+        # Kernels stay eager inside a model compiled by Keras
+        # (jit_compile=True): TorchInductor 2.13 emits C++ that does not
+        # compile for some of them, and some use data-dependent shapes.
+        # Eager calls run the function directly (no wrapper cost).
+        disabled = torch.compiler.disable(fn)
+
+        def run(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return disabled(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        return run
+
+
+OPS = TorchOps()

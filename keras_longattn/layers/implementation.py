@@ -1,0 +1,122 @@
+"""Named implementations of an attention layer and how ``"auto"`` picks one.
+
+Every efficient path of a layer is one :class:`Implementation`: a name, a
+*kind* and a function that computes the attention of a call. Before a path
+runs, it is asked whether it can honour the call; it either runs the call
+completely or refuses it, with a reason, before running. No path falls back
+to another inside: ``layer.last_implementation`` is always the path that
+ran.
+
+Kinds say how a path computes, not what: ``"explicit"`` paths write scores,
+a masked softmax and the weighted sum with ``keras.ops`` (which XLA fuses on
+JAX and TensorFlow); ``"fused"`` paths hand block layouts to
+``keras.ops.dot_product_attention`` (PyTorch's flash kernel on the CPU). The
+order in which ``implementation="auto"`` tries the kinds on each backend is
+one table, :attr:`keras_longattn.kernels.BackendOps.auto_preference`.
+
+A layer declares its paths with the :func:`implementation` decorator, in its
+order of preference within a kind::
+
+    class MyAttention(BaseAttention):
+        @implementation("blocked")
+        def _blocked(self, query, key, value, context):
+            ...
+
+        @implementation("blocked_fused", kind="fused", dropout=False)
+        def _blocked_fused(self, query, key, value, context):
+            ...
+
+        @_blocked_fused.refuses
+        def _blocked_fused(self, context):
+            if self.combination == "merged":
+                return "combination='merged' needs each part's log-sum-exp"
+            return None
+"""
+
+from keras_longattn.kernels import IMPLEMENTATION_KINDS
+
+#: Reason given when a path without attention dropout meets dropout in
+#: training.
+DROPOUT_REASON = "attention dropout in training needs the explicit weights"
+
+
+class Implementation:
+    """One named way of computing a layer's attention.
+
+    Args:
+        fn: ``fn(layer, query, key, value, context)`` returning the attention
+            output ``(B, T, H, dv)`` of projected heads.
+        name: the value of the layer's ``implementation`` argument that
+            selects it.
+        kind: ``"explicit"`` or ``"fused"`` (see the module docstring).
+        dropout: whether the path applies attention dropout; a path that
+            does not refuses calls with dropout active in training.
+    """
+
+    def __init__(self, fn, name, kind="explicit", dropout=True):
+        if kind not in IMPLEMENTATION_KINDS:
+            raise ValueError(
+                f"`kind` must be one of {IMPLEMENTATION_KINDS}. Received: kind={kind!r}"
+            )
+        self.fn = fn
+        self.name = name
+        self.kind = kind
+        self.dropout = bool(dropout)
+        self._refusal = None
+        self.__doc__ = fn.__doc__
+
+    def refuses(self, check):
+        """Decorator: ``check(layer, context)`` returns a reason (a string)
+        when this path cannot honour a call, else None. Returns the
+        implementation itself, so the decorated name may be reused."""
+        self._refusal = check
+        return self
+
+    def refusal(self, layer, context):
+        """Why this path cannot run ``context`` on ``layer`` (None: it can)."""
+        if not self.dropout and layer.dropout > 0.0 and is_training(context.training):
+            return DROPOUT_REASON
+        if self._refusal is not None:
+            return self._refusal(layer, context)
+        return None
+
+    def run(self, layer, query, key, value, context):
+        """Computes the attention of the call."""
+        return self.fn(layer, query, key, value, context)
+
+    def __repr__(self):
+        return f"Implementation(name={self.name!r}, kind={self.kind!r})"
+
+
+def implementation(name, kind="explicit", dropout=True):
+    """Decorator turning a layer method ``(self, query, key, value,
+    context)`` into an :class:`Implementation` of that name and kind."""
+
+    def decorate(fn):
+        return Implementation(fn, name, kind=kind, dropout=dropout)
+
+    return decorate
+
+
+def collect_implementations(cls):
+    """The implementations of a layer class, base classes first, in order
+    of definition (a subclass may redefine a name)."""
+    table = {}
+    for klass in reversed(cls.__mro__):
+        for value in vars(klass).values():
+            if isinstance(value, Implementation):
+                table[value.name] = value
+    return table
+
+
+def is_training(training):
+    """The Keras ``training`` flag as a Python bool (a symbolic flag counts
+    as False: Keras passes Python bools in ``fit``)."""
+    if training is None:
+        return False
+    if isinstance(training, bool):
+        return training
+    try:
+        return bool(training)
+    except Exception:
+        return False

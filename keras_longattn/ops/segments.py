@@ -1,0 +1,132 @@
+"""Gathers, scatters and segment reductions over token layouts.
+
+One layout for tokens throughout: ``(B, n, H, d)``, the layers' own (no
+transposed copies), with per-head indices ``(B, H, ...)`` of positions in
+``[0, n)``. Backend-specific row gathers and segment sums come from the
+backend table (:mod:`keras_longattn.kernels`).
+
+Shape legend: B batch, n sequence length, H heads, d head size.
+"""
+
+from keras import ops
+
+from keras_longattn.kernels import backend_ops
+
+
+def static_dim(x, axis):
+    """Static size of ``x`` along ``axis`` when known, else a tensor."""
+    size = x.shape[axis]
+    return size if size is not None else ops.shape(x)[axis]
+
+
+def flat_token_ids(indices, batch, num_heads, length):
+    """Row of each (example, head, position) in ``(B, n, H, .)`` tokens
+    flattened to ``(B * n * H, .)``.
+
+    Args:
+        indices: int ``(B, H, ...)`` positions in ``[0, length)``.
+        batch: B (int or scalar tensor).
+        num_heads: H.
+        length: n.
+
+    Returns:
+        int32 ``(B * H * prod(...),)``, in the order of ``indices``.
+    """
+    shape = tuple(indices.shape)
+    tail = (1,) * (len(shape) - 2)
+    indices = ops.cast(indices, "int32")
+    b = ops.reshape(ops.arange(batch, dtype="int32") * (length * num_heads), (-1, 1) + tail)
+    h = ops.reshape(ops.arange(num_heads, dtype="int32"), (1, num_heads) + tail)
+    return ops.reshape(indices * num_heads + b + h, (-1,))
+
+
+def take_rows(x, rows):
+    """``x[rows]`` for a 2-D ``x`` and int ``rows`` ``(N,)`` (the backend's
+    fastest row gather with a cheap gradient)."""
+    return backend_ops().take_rows(x, rows)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """Sums of the rows of ``data`` per id in ``[0, num_segments)``."""
+    return backend_ops().segment_sum(data, segment_ids, num_segments)
+
+
+def gather_tokens(x, indices):
+    """Gathers token vectors per head.
+
+    Args:
+        x: ``(B, n, H, d)``.
+        indices: int ``(B, H, ...)`` positions in ``[0, n)``.
+
+    Returns:
+        ``(B, H, ..., d)``.
+    """
+    shape = tuple(indices.shape)
+    H, n, d = shape[1], x.shape[1], x.shape[3]
+    # One row gather from the flattened tokens, whose gradient is an indexed
+    # add (take_along_axis would broadcast the indices to (..., d) instead).
+    flat = flat_token_ids(indices, ops.shape(x)[0], H, n)
+    out = take_rows(ops.reshape(x, (-1, d)), flat)
+    return ops.reshape(out, (-1,) + shape[1:] + (d,))
+
+
+def gather_flags(x, indices):
+    """Gathers per-token scalars: ``x`` ``(B or 1, H or 1, n)``, ``indices``
+    ``(B, H, ...)`` -> int32 ``(B, H, ...)``."""
+    shape = tuple(indices.shape)
+    size = 1
+    for s in shape[2:]:
+        size *= int(s)
+    flat = ops.reshape(indices, (-1, shape[1], size))
+    x = ops.cast(x, "int32")
+    if x.shape[1] == 1 and shape[1] != 1:
+        x = ops.repeat(x, shape[1], axis=1)
+    if x.shape[0] == 1:
+        x = ops.broadcast_to(x, (ops.shape(flat)[0],) + tuple(x.shape[1:]))
+    out = ops.take_along_axis(x, flat, axis=2)
+    return ops.reshape(out, (-1,) + shape[1:])
+
+
+def scatter_mean(values, indices, length, weights=None, return_counts=False):
+    """Mean of the rows sent to each token position; zeros where none is.
+
+    Args:
+        values: ``(B, H, ..., dv)``, one row per index; rows whose weight is
+            False must hold zeros.
+        indices: int ``(B, H, ...)`` positions in ``[0, length)``.
+        length: n.
+        weights: optional boolean ``(B, H, ...)``: only rows with True
+            count towards the mean (None: all).
+        return_counts: also return the float32 counts ``(B, H, length)``.
+
+    Returns:
+        ``(B, length, H, dv)`` in the dtype of ``values`` (and the counts).
+    """
+    H, dv = values.shape[1], values.shape[-1]
+    batch = static_dim(values, 0)
+    ids = flat_token_ids(indices, batch, H, length)
+    num = batch * H * length
+    sums = segment_sum(ops.cast(ops.reshape(values, (-1, dv)), "float32"), ids, num)
+    if weights is None:
+        weights = ops.ones_like(ids, dtype="float32")
+    counts = segment_sum(ops.reshape(ops.cast(weights, "float32"), (-1,)), ids, num)
+    mean = ops.cast(sums / ops.maximum(counts, 1.0)[:, None], values.dtype)
+    mean = ops.reshape(mean, (-1, length, H, dv))
+    if not return_counts:
+        return mean
+    counts = ops.transpose(ops.reshape(counts, (-1, length, H)), (0, 2, 1))
+    return mean, counts
+
+
+def row_bincount(x, num_bins):
+    """How many entries of each row of int ``x`` ``(B, H, N)`` equal
+    ``0 .. num_bins - 1`` (other values ``num_bins`` are dropped): int32
+    ``(B, H, num_bins)``, by one segment sum (no ``(N, num_bins)`` one-hot)."""
+    k = int(num_bins)
+    H = x.shape[1]
+    batch = static_dim(x, 0)
+    offsets = ops.reshape(ops.arange(batch * H, dtype="int32") * (k + 1), (-1, H, 1))
+    ids = ops.reshape(ops.cast(x, "int32") + offsets, (-1,))
+    counts = segment_sum(ops.ones_like(ids, dtype="float32"), ids, batch * H * (k + 1))
+    counts = ops.reshape(counts, (-1, H, k + 1))[..., :k]
+    return ops.cast(counts, "int32")
