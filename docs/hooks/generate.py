@@ -4,9 +4,9 @@
 ``mkdocs serve`` work from a clean checkout with no earlier step. In
 ``on_files`` it runs the steps of ``docs/gen_figures.py`` (pattern figures,
 benchmark page, notebooks and reproductions index) and adds what they write
-to the site as virtual files (``File.generated``) at their paths in the
-sources (``assets/patterns/<layer>.png``, ``benchmarks.md``, ...). Nothing is
-written into ``docs/``.
+to the site at their paths in the sources (``assets/patterns/<layer>.png``,
+``benchmarks.md``, ...), as files whose source folder is the cache entry
+below. Nothing is written into ``docs/``.
 
 Each step writes into ``build/docs-generated/<step>/<key>/``, where ``key``
 is a hash of the step's inputs: the generator's code, the files it reads and
@@ -200,7 +200,8 @@ def draw_patterns(root: Path, out: Path) -> None:
 
 
 def generate_all(root: Path, cache: Path, gen=None) -> list[tuple[str, Path]]:
-    """``(src_uri, path)`` of every generated file, made or taken from the cache."""
+    """``(src_uri, folder)`` of every generated file (at ``folder / src_uri``),
+    made or taken from the cache."""
     gen = gen or load_gen_figures()
     generated = []
     for step in STEPS:
@@ -217,7 +218,7 @@ def generate_all(root: Path, cache: Path, gen=None) -> list[tuple[str, Path]]:
         else:
             log.info("Generated the docs' %s: %d files in %.1f s (%s)",
                      step, len(files), time.perf_counter() - start, where)
-        generated += [(uri, folder / uri) for uri in files]
+        generated += [(uri, folder) for uri in files]
     return generated
 
 
@@ -246,8 +247,13 @@ def on_files(files: Files, config) -> Files:
         log.info("Ignored %d generated files left in %s by older builds (safe to delete): %s",
                  len(leftovers), config.docs_dir, ", ".join(f.src_uri for f in leftovers[:5])
                  + (", ..." if len(leftovers) > 5 else ""))
-    for uri, path in generated:
-        files.append(File.generated(config, uri, abs_src_path=str(path)))
+    for uri, folder in generated:
+        # A plain File whose source folder is the cache entry, rather than
+        # File.generated(config, uri, abs_src_path=...): mkdocs-jupyter
+        # (0.26) wraps notebooks in a NotebookFile that recomputes
+        # abs_src_path from src_dir, which File.generated leaves None.
+        files.append(File(uri, src_dir=str(folder), dest_dir=config.site_dir,
+                          use_directory_urls=config.use_directory_urls))
     return files
 
 
