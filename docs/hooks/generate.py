@@ -192,7 +192,8 @@ def draw_patterns(root: Path, out: Path) -> None:
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     for line in result.stderr.splitlines():
         if line.startswith("[gen_figures] "):
-            log.debug(line[len("[gen_figures] "):])
+            message = line[len("[gen_figures] "):]
+            (log.info if message.startswith("skipped") else log.debug)(message)
     if result.returncode != 0:
         raise PluginError(
             f"the pattern figures failed ({' '.join(command)}, exit status "
