@@ -62,7 +62,12 @@ def load_gen_figures():
     picks up edits to it)."""
     spec = importlib.util.spec_from_file_location("keras_longattn_docs_gen_figures", GEN_FIGURES)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # No docs/__pycache__ written mid-build (mkdocs serve watches docs/).
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
     return module
 
 
@@ -224,7 +229,10 @@ def generate_all(root: Path, cache: Path, gen=None) -> list[tuple[str, Path]]:
 
 
 def _root(config) -> Path:
-    return Path(config.config_file_path).resolve().parent
+    """The folder of mkdocs.yml (the repository root)."""
+    if config.config_file_path:
+        return Path(config.config_file_path).resolve().parent
+    return GEN_FIGURES.parents[1]
 
 
 def _cache(config) -> Path:
