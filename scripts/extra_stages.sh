@@ -3,7 +3,7 @@
 # Called by scripts/test.sh with the virtual environment on PATH; can be run
 # alone the same way:
 #   source scripts/bootstrap.sh && bash scripts/extra_stages.sh
-#   STAGES="docs build" bash scripts/extra_stages.sh   # some stages only
+#   STAGES="build browser" bash scripts/extra_stages.sh   # some stages only
 #
 # Stages (each prints "[stage] <name>: <seconds>s"; the first failure stops
 # the script with its exit status):
@@ -11,9 +11,10 @@
 #              into build/notebooks/ (keras-longattn reproduce --all)
 #   nbval      re-execute the executed copies with nbval (--nbval-lax: every
 #              cell must run, cells tagged nbval-check-output must match)
-#   docs       docs/gen_figures.py: pattern figures, the benchmark page, the
-#              executed notebooks copied into docs/notebooks/
-#   build      mkdocs build --strict into site/
+#   build      mkdocs build --strict into site/; its hook docs/hooks/generate.py
+#              makes the pattern figures, the benchmark page and the notebook
+#              pages (from build/notebooks/ when the notebooks stage ran) into
+#              build/docs-generated/ (docs/gen_figures.py)
 #   browser    serve site/ on 127.0.0.1 and look at pages in headless
 #              Chromium (tests/docs/test_site_browser.py); installs Debian's
 #              chromium package with apt-get when it is missing
@@ -27,7 +28,7 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export PYDEVD_DISABLE_FILE_VALIDATION=1
 export NO_MKDOCS_2_WARNING=1
 export MPLBACKEND=Agg
-STAGES="${STAGES:-notebooks nbval docs build browser}"
+STAGES="${STAGES:-notebooks nbval build browser}"
 NOTEBOOK_DIR=build/notebooks
 NBVAL_DIR=build/nbval
 
@@ -59,7 +60,9 @@ stage_nbval() {
 }
 
 stage_docs() {
-  python docs/gen_figures.py
+  # Kept for STAGES lists that name it: the build stage's mkdocs hook
+  # generates the docs' figures and pages now.
+  echo "[docs] nothing to do: mkdocs build generates the figures (docs/hooks/generate.py)"
 }
 
 stage_build() {
@@ -117,7 +120,7 @@ stage_browser() {
 mkdir -p build
 for name in $STAGES; do
   if ! declare -F "stage_$name" >/dev/null; then
-    echo "[extra] unknown stage '$name' (stages: notebooks nbval docs build browser)"
+    echo "[extra] unknown stage '$name' (stages: notebooks nbval build browser)"
     exit 2
   fi
   start=$(date +%s)
