@@ -2,18 +2,28 @@
 
 Subclass :class:`AttentionLayerConformance` in a pytest module (the subclass
 name must start with ``Test``), set :attr:`layer_cls`, :attr:`init_kwargs`
-and the ``supports_*`` flags, and pytest collects every check below. The
-suite runs on whatever ``KERAS_BACKEND`` is active; the project runs it once
-per backend.
+and :attr:`implementation`, and pytest collects every check below. Write one
+subclass per implementation of the layer (``implementation = "blocked"``,
+``"blocked_fused"``, ...): each is checked against the layer's
+``"reference"`` path and must be the path that runs. The contract flags
+(``supports_causal``, ``supports_bidirectional``, ``supports_scores``,
+``supports_attention_mask``, ``is_exact``, ``reference_rtol``) default to
+what the layer class declares; set them on the subclass only to narrow a
+test. The suite runs on whatever ``KERAS_BACKEND`` is active; the project
+runs it once per backend.
 
 Example::
 
     from keras_longattn.layers import LocalAttention
     from keras_longattn.testing import AttentionLayerConformance
 
-    class TestLocalAttention(AttentionLayerConformance):
+    class TestLocalAttentionBlocked(AttentionLayerConformance):
         layer_cls = LocalAttention
         init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6}
+        implementation = "blocked"
+
+    class TestLocalAttentionBlockedFused(TestLocalAttentionBlocked):
+        implementation = "blocked_fused"
 """
 
 import os
@@ -44,9 +54,13 @@ class AttentionLayerConformance:
 
     * ``layer_cls``, ``init_kwargs``: the layer under test (``num_heads`` and
       ``key_dim`` included).
+    * ``implementation``: the path under test (``"auto"`` by default).
     * ``features``: feature size of the inputs. ``batch_size``.
     * ``supports_causal``, ``supports_bidirectional``: which call modes the
-      reference checks cover.
+      reference checks cover (default: the layer's declaration).
+    * ``supports_scores``: ``return_attention_scores=True`` (default: the
+      layer's); ``is_exact``: exact attention under a pattern (default: the
+      layer's).
     * ``supports_padding``: key/query padding masks.
     * ``supports_attention_mask``: whether the default (efficient) path
       accepts a dense ``attention_mask`` (otherwise it must refuse it).
@@ -55,7 +69,7 @@ class AttentionLayerConformance:
       one that is not a multiple of the layer's block/window and one >= 2048.
     * ``long_length_causal_only``: run the lengths >= 1024 causally only.
     * ``reference_rtol``: relative error allowed against the reference
-      (fp32). Defaults to 1e-5.
+      (fp32). Defaults to the layer's ``reference_tolerance``.
     * ``compare_with_mha``: also compare with ``keras.layers.MultiHeadAttention``
       on copied weights (FullAttention).
     * ``deterministic``: the layer's output is a pure function of weights
@@ -64,24 +78,46 @@ class AttentionLayerConformance:
 
     layer_cls = None
     init_kwargs = {}
+    implementation = "auto"
     features = 16
     batch_size = 2
-    supports_causal = True
-    supports_bidirectional = True
+    #: None: the layer class's declaration.
+    supports_causal = None
+    supports_bidirectional = None
+    supports_scores = None
+    supports_attention_mask = None
+    is_exact = None
+    reference_rtol = None
     supports_padding = True
-    supports_attention_mask = False
     supports_mixed_precision = True
     supports_jit = True
     reference_lengths = (16, 37, 2048)
     long_length_causal_only = True
-    reference_rtol = 1e-5
     compare_with_mha = False
     deterministic = True
     short_length = 37
 
+    _LAYER_FLAGS = {
+        "supports_causal": "supports_causal",
+        "supports_bidirectional": "supports_bidirectional",
+        "supports_scores": "supports_scores",
+        "supports_attention_mask": "supports_attention_mask",
+        "is_exact": "is_exact",
+        "reference_rtol": "reference_tolerance",
+    }
+
+    def __getattribute__(self, name):
+        value = object.__getattribute__(self, name)
+        if value is None and name in AttentionLayerConformance._LAYER_FLAGS:
+            layer_cls = object.__getattribute__(self, "layer_cls")
+            return getattr(layer_cls, AttentionLayerConformance._LAYER_FLAGS[name])
+        return value
+
     # ----------------------------------------------------------- utilities
     def make_layer(self, **overrides):
         kwargs = dict(self.init_kwargs)
+        if self.implementation != "auto":
+            kwargs.setdefault("implementation", self.implementation)
         kwargs.update(overrides)
         return self.layer_cls(**kwargs)
 
@@ -133,11 +169,15 @@ class AttentionLayerConformance:
         for causal in self.modes():
             out = layer(x, x, use_causal_mask=causal)
             assert tuple(out.shape) == x.shape
-        out, scores = layer(x, x, return_attention_scores=True,
-                            use_causal_mask=self.modes()[0])
         T = x.shape[1]
-        assert tuple(scores.shape) == (x.shape[0], layer.num_heads, T, T)
-        assert np.all(np.isfinite(_np(scores)))
+        if self.supports_scores:
+            out, scores = layer(x, x, return_attention_scores=True,
+                                use_causal_mask=self.modes()[0])
+            assert tuple(scores.shape) == (x.shape[0], layer.num_heads, T, T)
+            assert np.all(np.isfinite(_np(scores)))
+        else:
+            with pytest.raises(ValueError, match="return_attention_scores"):
+                layer(x, x, return_attention_scores=True)
         # Symbolic (functional) call.
         inp = keras.Input((T, self.features))
         sym = self.make_layer()(inp, inp, use_causal_mask=self.modes()[0])
@@ -190,7 +230,10 @@ class AttentionLayerConformance:
             x = self.make_inputs(n, batch_size=batch, seed=n)
             layer = self.make_layer()
             out = _np(layer(x, x, use_causal_mask=causal))
-            assert layer.last_implementation != "reference" or not layer.implementations
+            if self.implementation != "auto":
+                assert layer.last_implementation == self.implementation
+            else:
+                assert layer.last_implementation != "reference" or not layer.implementations
             ref = self.reference_output(layer, x, x, use_causal_mask=causal)
             err = rel_error(out, ref)
             assert err <= self.reference_rtol, (
@@ -414,5 +457,97 @@ class AttentionLayerConformance:
         assert layer.last_implementation == expected
         if layer.implementations:
             assert expected in layer.implementations
-        layer(x, x, return_attention_scores=True, use_causal_mask=causal)
-        assert layer.last_implementation == "reference"
+        if self.supports_scores:
+            layer(x, x, return_attention_scores=True, use_causal_mask=causal)
+            assert layer.last_implementation == "reference"
+
+    def test_last_implementation_is_the_path_that_ran(self, monkeypatch):
+        """Every call runs exactly one path, and ``last_implementation``
+        names it: inference, attention dropout in training (a path without
+        dropout must refuse, never fall back inside) and scores."""
+        from keras_longattn.layers.implementation import Implementation
+
+        ran = []
+        original_run = Implementation.run
+
+        def spy_run(impl, layer, *args, **kwargs):
+            ran.append(impl.name)
+            return original_run(impl, layer, *args, **kwargs)
+
+        monkeypatch.setattr(Implementation, "run", spy_run)
+        x = self.make_inputs()
+        calls = [(self.make_layer(), {"use_causal_mask": c}) for c in self.modes()]
+        try:
+            dropout_layer = self.make_layer(dropout=0.3, seed=1)
+        except ValueError:  # e.g. recomputation excludes dropout
+            dropout_layer = None
+        if dropout_layer is not None:
+            table = dropout_layer._implementation_table
+            if self.implementation in table and not table[self.implementation].dropout:
+                dropout_layer(x, x)
+                with pytest.raises(ValueError, match="attention dropout"):
+                    dropout_layer(x, x, training=True, use_causal_mask=self.modes()[0])
+            else:
+                calls += [(dropout_layer, {"use_causal_mask": c, "training": True})
+                          for c in self.modes()]
+        if self.supports_scores:
+            calls.append((self.make_layer(), {"return_attention_scores": True}))
+        for layer, kwargs in calls:
+            layer(x, x)  # build
+            original_reference = layer._attention_reference
+
+            def spy_reference(*args, original=original_reference, **kw):
+                ran.append("reference")
+                return original(*args, **kw)
+
+            layer._attention_reference = spy_reference
+            del ran[:]
+            try:
+                layer(x, x, **kwargs)
+            finally:
+                del layer._attention_reference
+            assert ran == [layer.last_implementation], (kwargs, ran)
+            if self.implementation != "auto" and not kwargs.get("return_attention_scores"):
+                assert ran == [self.implementation], (kwargs, ran)
+            if kwargs.get("training") and ran[0] != "reference":
+                assert layer._implementation_table[ran[0]].dropout, (
+                    f"{ran[0]} ran a training call with dropout but has no dropout"
+                )
+
+    def test_equals_full_attention_in_its_limit(self):
+        """The layer's declared limit case equals FullAttention on the same
+        weights (every approximate layer must declare one)."""
+        from keras_longattn.layers import FullAttention
+
+        n = self.short_length
+        layer = self.make_layer()
+        limit = layer.full_attention_limit(n)
+        if limit is None:
+            assert self.is_exact, "an approximate layer must declare its limit case"
+            pytest.skip("no full-attention limit declared")
+        overrides, tolerance = limit
+        config = layer.get_config()
+        config.update(overrides)
+        limited = type(layer).from_config(config)
+        x = self.make_inputs(n)
+        shared = ("num_heads", "key_dim", "value_dim", "use_bias", "output_shape",
+                  "rotary_max_wavelength")
+        full = FullAttention(**{k: v for k, v in config.items() if k in shared})
+        full(x, x)
+        limited(x, x)
+        limited.set_weights(full.get_weights())
+        for causal in self.modes():
+            ours = _np(limited(x, x, use_causal_mask=causal))
+            theirs = _np(full(x, x, use_causal_mask=causal))
+            err = rel_error(ours, theirs)
+            assert err <= tolerance, f"causal={causal}: {err:.3g} > {tolerance}"
+
+    def test_exact_layer_has_a_pattern(self):
+        layer = self.make_layer()
+        if not self.is_exact:
+            pytest.skip("approximate layer: no pattern")
+        from keras_longattn.ops import AttentionPattern
+
+        for causal in self.modes():
+            pattern = layer.attention_pattern(8, 8, causal)
+            assert isinstance(pattern, AttentionPattern)

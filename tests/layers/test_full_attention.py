@@ -10,7 +10,7 @@ from keras_longattn.testing import rel_error
 class TestFullAttention(AttentionLayerConformance):
     layer_cls = FullAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8}
-    supports_attention_mask = True
+    implementation = "fused"
     compare_with_mha = True
     reference_lengths = (16, 37, 2048)
 

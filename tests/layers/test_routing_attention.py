@@ -118,6 +118,7 @@ class TestRoutingAttention(AttentionLayerConformance):
 
     layer_cls = RoutingAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "local_heads": 1}
+    implementation = "routed"
     reference_lengths = (37, 2048)  # 37: not a multiple of any window
 
     def reference_output(self, layer, query, value, **call_kwargs):
@@ -153,6 +154,19 @@ class TestRoutingAttention(AttentionLayerConformance):
         model.predict(x, verbose=0, batch_size=16)
         model.evaluate(x, y, verbose=0, batch_size=16)
         np.testing.assert_array_equal(_centroids(attention), c1)
+
+
+class TestRoutingAttentionFused(AttentionLayerConformance):
+    """The fused path: local and routing heads, clusters through
+    keras.ops.dot_product_attention."""
+
+    layer_cls = RoutingAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "local_heads": 1}
+    implementation = "routed_fused"
+    reference_lengths = (37, 300)
+
+    def reference_output(self, layer, query, value, **call_kwargs):
+        return numpy_reference(layer, query, value, **call_kwargs)
 
 
 class TestRoutingAttentionSharedQK(AttentionLayerConformance):

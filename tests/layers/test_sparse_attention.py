@@ -38,7 +38,19 @@ class TestStridedMergedDefaultBlockLength(AttentionLayerConformance):
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided",
                    "combination": "merged"}
+    implementation = "blocked"
     reference_lengths = (37, 2048)
+
+
+class TestFixedMultiheadFused(AttentionLayerConformance):
+    """The fused path (no merged combination there): fixed A and B side by
+    side, explicit block length and summary width."""
+
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "fixed",
+                   "block_length": 5, "summary_width": 2}
+    implementation = "blocked_fused"
+    reference_lengths = (3, 37, 300)
 
 
 # Every pattern and combination through the whole suite: pass --run-slow.
