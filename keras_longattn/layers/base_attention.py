@@ -4,6 +4,7 @@ import dataclasses
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
@@ -215,20 +216,7 @@ class BaseAttention(keras.layers.Layer):
         self.dropout = float(dropout)
         self.use_bias = bool(use_bias)
         if output_shape is not None:
-            if isinstance(output_shape, numbers.Integral):
-                output_shape = (int(output_shape),)
-            try:
-                output_shape = tuple(int(d) for d in output_shape)
-            except TypeError:
-                raise ValueError(
-                    "`output_shape` must be an int or a tuple of ints. "
-                    f"Received: output_shape={output_shape!r}"
-                ) from None
-            if not output_shape or any(d < 1 for d in output_shape):
-                raise ValueError(
-                    "`output_shape` must hold positive sizes. "
-                    f"Received: output_shape={output_shape!r}"
-                )
+            output_shape = _check_output_shape(output_shape)
         self._output_shape = output_shape
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -484,17 +472,31 @@ class BaseAttention(keras.layers.Layer):
         # the projections do not warn about dropping them.
         for t in (query, value, key):
             _set_keras_mask(t, None)
+        query_mask, value_mask, key_mask, attention_mask = (
+            _as_tensor(m) for m in (query_mask, value_mask, key_mask, attention_mask)
+        )
         self._validate_call(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
+        key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
+        query_padding = None if query_mask is None else ops.cast(query_mask, "bool")
+        # Padded positions never reach a real output or gradient, even when
+        # their inputs are not finite: they enter the projections as zeros
+        # (a masked key's weight is exactly 0, but 0 * NaN is NaN, in the
+        # weighted sum and in the projections' weight gradients alike).
+        if key_padding is not None:
+            keep = ops.expand_dims(key_padding, -1)
+            same = key is value
+            value = _zero_where_not(keep, value)
+            key = value if same else _zero_where_not(keep, key)
+        if query_padding is not None:
+            query = _zero_where_not(ops.expand_dims(query_padding, -1), query)
         q = self._query_dense(query)  # (B, T, H, d)
         k = self._key_dense(key)  # (B, S, H, d)
         v = self._value_dense(value)  # (B, S, H, dv)
         if self.rotary_max_wavelength is not None:
             q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
             k = la_ops.apply_rotary(k, self.rotary_max_wavelength)
-        key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
-        query_padding = None if query_mask is None else ops.cast(query_mask, "bool")
         context = AttentionContext(
             padding=la_ops.PaddingMask(query_padding, key_padding),
             causal=bool(use_causal_mask),
@@ -750,6 +752,48 @@ class BaseAttention(keras.layers.Layer):
         layer.build(*[(None, None, int(d)) for d in dims])
         layer.set_weights(mha.get_weights())
         return layer
+
+
+def _check_output_shape(output_shape):
+    """``output_shape`` as a tuple of positive ints, or a ValueError naming
+    it (strings, floats such as 2.7 and booleans are refused, never
+    truncated)."""
+    message = (
+        "`output_shape` must be a positive int or a non-empty tuple of "
+        f"positive ints. Received: output_shape={output_shape!r}"
+    )
+
+    def size(d):
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise ValueError(message)
+        return int(d)
+
+    if isinstance(output_shape, (str, bytes)):
+        raise ValueError(message)
+    if isinstance(output_shape, numbers.Integral) or (
+        hasattr(output_shape, "shape") and not getattr(output_shape, "shape", ())
+    ):
+        return (size(output_shape),)
+    try:
+        dims = tuple(output_shape)
+    except TypeError:
+        raise ValueError(message) from None
+    if not dims:
+        raise ValueError(message)
+    return tuple(size(d) for d in dims)
+
+
+def _as_tensor(mask):
+    """Masks given as Python lists or NumPy arrays become tensors (as
+    MultiHeadAttention accepts them)."""
+    if mask is None or hasattr(mask, "shape"):
+        return mask
+    return ops.convert_to_tensor(np.asarray(mask))
+
+
+def _zero_where_not(keep, x):
+    """``x`` where ``keep`` (broadcast), exact zeros elsewhere."""
+    return ops.where(keep, x, ops.zeros_like(x))
 
 
 def _check_mask(name, mask, expected, legend):

@@ -138,9 +138,13 @@ class RoutingAttention(BaseAttention):
             is built with (which must then be known); the resolved number is
             what ``get_config`` reports afterwards. Balanced routing needs
             ``num_clusters <=`` the call's (padded) sequence length.
-        window: members per cluster (balanced) or per chunk (token routing).
-            Defaults to ``ceil(n / num_clusters)`` of each call's length;
-            capped at the length.
+        window: members per cluster (balanced) or per chunk (token routing),
+            capped at each call's length. Defaults to ``None``: fixed when
+            the layer is built, as ``ceil(n / num_clusters)`` of the longer
+            sequence ``n`` it is built with (which must then be known); the
+            resolved value is what ``get_config`` reports. Fixed at build so
+            that an example's output never depends on how much padding its
+            batch has.
         local_heads: how many heads (the first ones) do local attention,
             in ``[0, num_heads]``. Defaults to 0.
         local_window: window of the local heads (causal: keys
@@ -275,9 +279,9 @@ class RoutingAttention(BaseAttention):
         return None if self._centroid_layer is None else self._centroid_layer.centroids
 
     def build_extra(self, query_shape, value_shape, key_shape):
-        if self.routing_heads == 0:
-            return
-        if self.num_clusters is None:
+        lengths = (query_shape[1], key_shape[1])
+        known = all(n is not None for n in lengths)
+        if self.num_clusters is None and self.routing_heads:
             n = query_shape[1]
             if n is None:
                 raise ValueError(
@@ -287,6 +291,19 @@ class RoutingAttention(BaseAttention):
                     f"length). Received: num_clusters=None, query.shape={query_shape}"
                 )
             self.num_clusters = max(1, int(round(math.sqrt(int(n)))))
+        if self.window is None:
+            if not known:
+                raise ValueError(
+                    "RoutingAttention fixes its default `window` "
+                    "(ceil(n / num_clusters)) when it is built, and the sequence "
+                    "length is not known then. Pass window=... . Received: "
+                    f"window=None, query.shape={query_shape}, key.shape={key_shape}"
+                )
+            n = max(int(n) for n in lengths)
+            k = self.num_clusters or max(1, int(round(math.sqrt(n))))
+            self.window = max(1, -(-n // k))
+        if self.routing_heads == 0:
+            return
         self._centroid_layer = _Centroids(
             self.routing_heads,
             self.num_clusters,
@@ -299,10 +316,11 @@ class RoutingAttention(BaseAttention):
 
     # ---------------------------------------------------------------- windows
     def routing_window(self, length):
-        """Members per cluster (or chunk) for a sequence of ``length``."""
+        """Members per cluster (or chunk) for a sequence of ``length``: the
+        window, capped at the length."""
         if self.window is not None:
             return max(1, min(self.window, int(length)))
-        k = self.num_clusters or 1
+        k = self.num_clusters or 1  # before build, or without routing heads
         return max(1, -(-int(length) // k))
 
     def _local_extents(self, causal, window):

@@ -71,10 +71,15 @@ class SparseAttention(BaseAttention):
         value_dim: size of each head for value. Defaults to ``key_dim``.
         pattern: ``"strided"`` or ``"fixed"``. Defaults to ``"strided"``.
         block_length: ``l``, the stride (strided) or block length (fixed).
-            Defaults to ``None``: at each call, the integer nearest to
-            ``sqrt(max(T, S))`` (halves round up), at least 2 and, when
-            ``summary_width`` is given, at least ``summary_width + 1``
-            (:func:`keras_longattn.ops.sparse.default_block_length`). A
+            Defaults to ``None``: fixed when the layer is built, from the
+            sequence lengths it is built with (which must then be known),
+            as the integer nearest to ``sqrt(max(T, S))`` (halves round up),
+            at least 2 and, when ``summary_width`` is given, at least
+            ``summary_width + 1``
+            (:func:`keras_longattn.ops.sparse.default_block_length`);
+            ``get_config`` reports the resolved value. Fixed at build so that
+            an example's output never depends on how much padding its batch
+            has. A
             block length longer than the sequence is allowed: the sequence
             is then one block (strided A becomes full attention, strided B
             the position itself), computed on ``l`` padded positions.
@@ -178,6 +183,22 @@ class SparseAttention(BaseAttention):
         self.remat = remat
 
     # ------------------------------------------------------------- patterns
+    def build_extra(self, query_shape, value_shape, key_shape):
+        if self.block_length is not None:
+            return
+        n = None if query_shape[1] is None or key_shape[1] is None else max(
+            int(query_shape[1]), int(key_shape[1])
+        )
+        if n is None:
+            raise ValueError(
+                "SparseAttention fixes its default `block_length` (about the "
+                "square root of the sequence length) when it is built, and the "
+                "sequence length is not known then. Pass block_length=... . "
+                f"Received: block_length=None, query.shape={query_shape}, "
+                f"key.shape={key_shape}"
+            )
+        self.block_length = la_sparse.default_block_length(n, self.summary_width)
+
     def resolve_block_length(self, length):
         """``l`` of a call whose longer sequence has ``length`` positions."""
         if self.block_length is not None:
