@@ -449,9 +449,15 @@ def check_layers(config: BenchmarkConfig, in_process: bool | None = None,
     for result in results:
         label = result["label"]
         if result.get("error"):
+            unknown = result.get("unknown_options") or ()
             explicit = config.layer_options(label)
-            from_option = any(key in explicit for key in result.get("unknown_options") or ())
-            raise BenchmarkArgumentError("option" if from_option else "layers", result["error"])
+            from_option = any(key in explicit for key in unknown)
+            message = result["error"]
+            shared = [key for key in unknown if key in config.options]
+            if shared:
+                message += (f" (--option {shared[0]}=... applies to every layer; "
+                            f"LABEL.{shared[0]}=... applies to one)")
+            raise BenchmarkArgumentError("option" if from_option else "layers", message)
         classes.setdefault(label, result.get("layer_class"))
     return classes
 
