@@ -154,8 +154,8 @@ def _parse_layer_item(item: Any, argument: str) -> list[LayerSpec]:
     if not isinstance(item, str):
         raise BenchmarkArgumentError(
             argument,
-            f"expected a layer name, a class reference or a layer config dict; "
-            f"received {item!r}",
+            f"expected a layer name, a class reference or a layer config dict (for a "
+            f"layer object, its keras.saving.serialize_keras_object); received {item!r}",
         )
     text = item.strip()
     if text[:1] in ("{", "[", "@"):

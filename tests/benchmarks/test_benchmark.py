@@ -192,6 +192,9 @@ def test_parsing():
         ({"layers": [{"class_name": "LocalAttention", "config": {"window": "${sqr(seq_len)}"}}]},
          "layers", "unknown function"),
         ({"layers": [{"class_name": "NoSuchAttention"}]}, "layers", "NoSuchAttention"),
+        ({"layers": [{"class_name": "LocalAttention", "config": {"num_heads": 8}}],
+          "num_heads": 2},
+         "layers", "sets num_heads=8 in its config, but the benchmark's num_heads (--heads) is 2"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, argument, text):
