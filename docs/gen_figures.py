@@ -432,7 +432,11 @@ def benchmark_page(document, source: Path | None, kind: str | None,
         "`fwdbwd` forward plus backward.\n\n"
         "Reproduce with `bash scripts/main.sh` (or `keras-longattn bench --help`); it writes "
         "`build/benchmarks/latest.json`, which is copied to `docs/benchmarks/results.json` "
-        "to publish it here.\n"
+        "to publish it here. The layer names are short names of layer configs "
+        "(`keras-longattn bench --list-layers`); any other attention layer is measured from "
+        "its Keras layer config, e.g. `keras-longattn bench --layers "
+        "'{\"class_name\": \"LocalAttention\", \"config\": {\"window\": 128}}'`, "
+        "and each result row records the config it was built from (`layer_spec`).\n"
     )
     if document is None:
         return intro + (

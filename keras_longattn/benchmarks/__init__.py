@@ -17,14 +17,27 @@ From Python::
     rows = run_benchmark(layers=["full", "local"], lengths=[1024, 4096],
                          backends=["jax"], modes=["fwdbwd"])
 
-A new layer joins the benchmark with one registry entry
-(:func:`register`).
+Any Keras attention layer with the constructor and call of
+``keras.layers.MultiHeadAttention`` can be measured from its layer config,
+with no benchmark code::
+
+    keras-longattn bench --lengths 4096 --layers \\
+        '{"class_name": "LocalAttention", "config": {"window": 128}}'
+    run_benchmark(layers=[{"class_name": "my_package.layers:MyAttention",
+                           "config": {"rank": 64}}], lengths=[4096])
+
+Short names (``"full"``, ``"local"``, ...) stand for layer configs
+(:mod:`~keras_longattn.benchmarks.registry`; :func:`register` adds one);
+configs, class references and ``"${...}"`` values that depend on the
+sequence length are described in
+:mod:`~keras_longattn.benchmarks.layer_config`.
 
 This package imports no backend; only the worker subprocess does.
 """
 
 from .config import BACKENDS, MODES, BenchmarkArgumentError, BenchmarkConfig
-from .registry import LayerUnavailableError, available_layers, register, unregister
+from .layer_config import LayerConfigError, LayerSpec, LayerUnavailableError
+from .registry import available_layers, register, unregister
 from .report import compute_ratios, format_table, print_table, write_reports
 from .runner import BenchmarkResults, run_benchmark
 
@@ -34,6 +47,8 @@ __all__ = [
     "BenchmarkArgumentError",
     "BenchmarkConfig",
     "BenchmarkResults",
+    "LayerConfigError",
+    "LayerSpec",
     "LayerUnavailableError",
     "available_layers",
     "compute_ratios",

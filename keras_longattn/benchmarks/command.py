@@ -9,6 +9,7 @@ invalid arguments, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
@@ -30,6 +31,15 @@ from .runner import DEFAULT_OUTPUT_DIR, run_benchmark
 __all__ = ["add_arguments", "run_from_args", "build_parser", "main"]
 
 EPILOG = """\
+Layers: a registered short name (see --list-layers), a class reference
+('keras_longattn>LocalAttention', 'my_package.layers:MyAttention') or a Keras
+layer config as JSON (also the keras.saving.serialize_keras_object form, or
+@file.json); --layers may be repeated. A config value "${...}" is evaluated
+per configuration (variables seq_len, batch, num_heads, key_dim, window).
+num_heads and key_dim come from --heads and --head-dim unless the config sets
+them (to the same values). An option that a layer's constructor does not
+accept is an error.
+
 Every configuration runs in a fresh subprocess. Reported: the median of the
 timed calls, the peak memory (increase of the worker's peak RSS over the RSS
 after the inputs and the layer are built; device allocator peak on GPUs), and
@@ -38,9 +48,12 @@ speed-up = baseline time / layer time, memory ratio = layer peak / baseline
 peak. A layer that runs out of memory or time at length n is skipped at longer
 lengths. Results go to OUTPUT_DIR/bench-<time>.json/.csv and latest.json/.csv.
 
-example:
+examples:
   keras-longattn bench --layers full,local --lengths 4096,16384 \\
       --backends jax,torch --window 256 --modes fwdbwd
+  keras-longattn bench --lengths 4096 --layers \\
+      '{"class_name": "LocalAttention", "config": {"window": 128, "dropout": 0.1}}'
+  keras-longattn bench --layers full,routing --option routing.num_clusters=32
 """
 
 
@@ -86,8 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     known = ", ".join(registry.available_layers())
     what = parser.add_argument_group("what to measure")
     what.add_argument("--layers", type=_argument_type(parse_layers, "--layers"),
-                      default=["full", "local"], metavar="NAMES",
-                      help=f"comma-separated layer names (known: {known}); default full,local")
+                      action="extend", default=None, metavar="LAYERS",
+                      help=f"comma-separated short names (known: {known}), class references "
+                           "(PACKAGE>CLASS, PACKAGE.MODULE:CLASS), or a Keras layer config as "
+                           "JSON or @FILE.json; repeatable; default full,local")
     what.add_argument("--lengths", type=_argument_type(parse_lengths, "--lengths"),
                       default=[1024, 4096], metavar="N,N",
                       help="comma-separated sequence lengths ('16k' = 16384); default 1024,4096")
@@ -103,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     what.add_argument("--head-dim", type=_int_at_least(1), default=64,
                       help="size d of each head (64); inputs are (B, n, H*d)")
     what.add_argument("--window", type=_int_at_least(1), default=256,
-                      help="window of the layers that take one, e.g. local (256)")
+                      help="value of \"${window}\" in layer configs: the window of the "
+                           "short name local (256)")
     what.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                       help="causal attention (default: causal)")
     what.add_argument("--scope", choices=("layer", "attention"), default="layer",
@@ -113,11 +129,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "layers only)")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                       type=_argument_type(parse_option, "--option"),
-                      help="layer constructor option, repeatable; NAME applies to every "
-                           "layer accepting it, LAYER.NAME to one layer "
-                           "(e.g. local.block_size=128)")
-    what.add_argument("--baseline", default="full", metavar="NAME",
-                      help="layer the ratios compare with, added when not in --layers (full)")
+                      help="layer constructor argument set in the layer configs, "
+                           "repeatable; LAYER.NAME applies to the layer labelled LAYER "
+                           "(e.g. local.window=128), a bare NAME to every layer; a layer "
+                           "whose constructor does not accept NAME is an error")
+    what.add_argument("--baseline", default="full", metavar="LAYER",
+                      help="layer the ratios compare with: a label of --layers, or a layer "
+                           "given like them, added when missing (full)")
     what.add_argument("--no-baseline", dest="baseline", action="store_const", const=None,
                       help="no baseline layer and no ratio columns")
 
@@ -148,7 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _list_layers() -> int:
     for name in registry.available_layers():
         entry = registry.get_entry(name)
-        print(f"{name:<10} {entry.description or entry.factory}")
+        description = f"{entry.description}: " if entry.description else ""
+        print(f"{name:<15} {description}{json.dumps(entry.config)}")
     return 0
 
 
@@ -159,7 +178,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
     use_rich = False if args.plain else None
     try:
         results = run_benchmark(
-            layers=args.layers,
+            layers=args.layers if args.layers is not None else ["full", "local"],
             lengths=args.lengths,
             backends=args.backends,
             modes=args.modes,

@@ -1,5 +1,10 @@
 """Benchmark settings: parsing and validation shared by the CLI and the API.
 
+Layers are given as short names, class references or Keras layer configs
+(see :func:`parse_layers` and :mod:`keras_longattn.benchmarks.layer_config`);
+a validated :class:`BenchmarkConfig` holds each layer's config under its
+label and resolves it per sequence length (:meth:`BenchmarkConfig.layer_spec`).
+
 Nothing here imports Keras or a backend.
 """
 
@@ -13,6 +18,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import registry
+from .layer_config import (
+    LayerConfigError,
+    LayerSpec,
+    is_class_reference,
+    resolve_spec,
+    spec_from_dict,
+    spec_from_reference,
+)
 
 __all__ = [
     "BACKENDS",
@@ -21,6 +34,7 @@ __all__ = [
     "BenchmarkConfig",
     "default_backend",
     "parse_layers",
+    "layer_options",
     "parse_lengths",
     "parse_backends",
     "parse_modes",
@@ -89,16 +103,135 @@ def default_backend() -> str:
     return backend if backend in BACKENDS else "jax"
 
 
-def parse_layers(value: str | Iterable[str]) -> list[str]:
-    """Registered layer names from ``"full,local"`` or a list."""
-    names = _dedupe(_split(value, "layers"))
-    known = registry.available_layers()
-    for name in names:
-        if name not in known:
+def _known_layers_hint() -> str:
+    return (
+        f"known layers: {', '.join(registry.available_layers())}; or a Keras layer config "
+        "as JSON ('{\"class_name\": \"LocalAttention\", \"config\": {...}}'), "
+        "'package>Class' or 'package.module:Class'"
+    )
+
+
+def _spec_from_name(name: str, argument: str) -> LayerSpec:
+    """A registered short name or a class reference."""
+    try:
+        if name in registry.available_layers():
+            return registry.get_spec(name)
+        if is_class_reference(name):
+            return spec_from_reference(name)
+    except LayerConfigError as exc:
+        raise BenchmarkArgumentError(argument, str(exc)) from None
+    raise BenchmarkArgumentError(argument, f"unknown layer {name!r}; {_known_layers_hint()}")
+
+
+def _load_json(text: str, argument: str) -> Any:
+    """JSON text, or ``@path`` to a JSON file."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
             raise BenchmarkArgumentError(
-                "layers", f"unknown layer {name!r}; known layers: {', '.join(known)}"
-            )
-    return names
+                argument, f"cannot read layer config file {path!r}: {exc.strerror}"
+            ) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise BenchmarkArgumentError(
+            argument, f"invalid JSON layer config ({exc}); received {text!r}"
+        ) from None
+
+
+def _parse_layer_item(item: Any, argument: str) -> list[LayerSpec]:
+    """Specs from one item: a spec, a config dict, JSON, ``@file``, names."""
+    if isinstance(item, LayerSpec):
+        return [item]
+    if isinstance(item, Mapping):
+        try:
+            return [spec_from_dict(item)]
+        except LayerConfigError as exc:
+            raise BenchmarkArgumentError(argument, str(exc)) from None
+    if not isinstance(item, str):
+        raise BenchmarkArgumentError(
+            argument,
+            f"expected a layer name, a class reference or a layer config dict (for a "
+            f"layer object, its keras.saving.serialize_keras_object); received {item!r}",
+        )
+    text = item.strip()
+    if text[:1] in ("{", "[", "@"):
+        data = _load_json(text, argument)
+        items = data if isinstance(data, list) else [data]
+        if any(isinstance(entry, list) for entry in items):
+            raise BenchmarkArgumentError(argument, f"nested lists of layers in {text!r}")
+        return [spec for entry in items for spec in _parse_layer_item(entry, argument)]
+    return [_spec_from_name(name, argument) for name in _split(text, argument)]
+
+
+def parse_layers(value: Any, argument: str = "layers") -> list[LayerSpec]:
+    """Layer specs from the ``--layers`` value or the ``layers`` argument.
+
+    Accepts a comma-separated string of registered short names
+    (``"full,local"``) and class references (``"keras_longattn>LocalAttention"``,
+    ``"my_package.layers:MyAttention"``); a JSON layer config or a JSON list
+    of names and configs (``'{"class_name": "LocalAttention", "config":
+    {"window": 128}}'``); ``"@path"`` to a JSON file holding either; a config
+    dict; a :class:`~keras_longattn.benchmarks.layer_config.LayerSpec`; or a
+    list of any of these.
+
+    Args:
+        value: the layers.
+        argument: the argument named in errors. Defaults to ``"layers"``.
+
+    Returns:
+        The specs in order, with repeats of the same layer dropped.
+
+    Raises:
+        BenchmarkArgumentError: an unknown name, invalid JSON or config, or
+            two different layers with the same label.
+    """
+    if isinstance(value, (str, Mapping, LayerSpec)):
+        items: list[Any] = [value]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise BenchmarkArgumentError(
+                argument, f"expected layer names or layer configs, got {value!r}"
+            ) from None
+    specs: dict[str, LayerSpec] = {}
+    for item in items:
+        for spec in _parse_layer_item(item, argument):
+            previous = specs.get(spec.label)
+            if previous is not None and previous != spec:
+                raise BenchmarkArgumentError(
+                    argument,
+                    f"two different layers are labelled {spec.label!r} "
+                    f"({previous.to_dict()} and {spec.to_dict()}); give each config a "
+                    "distinct \"name\"",
+                )
+            specs[spec.label] = spec
+    if not specs:
+        raise BenchmarkArgumentError(argument, "no value given")
+    return list(specs.values())
+
+
+def layer_options(label: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options meant for layer ``label``.
+
+    Unprefixed options (``dropout=0.1``) apply to every layer of the run; an
+    option prefixed with a layer label (``local.window=128``) applies to that
+    layer only and wins over an unprefixed one.
+    """
+    generic: dict[str, Any] = {}
+    specific: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        prefix, dot, rest = key.rpartition(".")
+        if not dot:
+            generic[key] = value
+        elif prefix == label:
+            specific[rest] = value
+    generic.update(specific)
+    return generic
 
 
 def parse_lengths(value: str | int | Iterable[Any]) -> list[int]:
@@ -170,11 +303,11 @@ def _parse_value(text: str) -> Any:
 
 
 def _valid_option_name(name: Any) -> bool:
-    """``name`` or ``layer.name`` with ``name`` a Python identifier."""
+    """``name`` or ``label.name`` with ``name`` a Python identifier."""
     if not isinstance(name, str):
         return False
     prefix, dot, rest = name.rpartition(".")
-    if dot and not registry.is_valid_name(prefix):
+    if dot and not prefix:
         return False
     return rest.isidentifier()
 
@@ -182,7 +315,7 @@ def _valid_option_name(name: Any) -> bool:
 def parse_option(text: str) -> tuple[str, Any]:
     """``"name=value"`` into ``(name, value)``; the value is parsed as a literal.
 
-    ``name`` may be prefixed with a layer name (``local.block_size=128``) to
+    ``name`` may be prefixed with a layer label (``local.window=128``) to
     apply to that layer only.
     """
     name, sep, raw = str(text).partition("=")
@@ -244,6 +377,12 @@ class BenchmarkConfig:
 
     Use :meth:`create` to build one from loosely typed values; it validates
     every field and raises :class:`BenchmarkArgumentError` naming the field.
+
+    Attributes:
+        layers: the layer labels, baseline first (``row["layer"]``).
+        layer_specs: label -> Keras layer config as given (placeholders
+            unevaluated, ``--option`` values not merged); see
+            :meth:`layer_spec` for what one configuration builds.
     """
 
     layers: list[str]
@@ -264,11 +403,12 @@ class BenchmarkConfig:
     tf_jit: bool = True
     baseline: str | None = "full"
     seed: int = 0
+    layer_specs: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def create(
         cls,
-        layers: str | Iterable[str],
+        layers: Any,
         lengths: str | int | Iterable[Any],
         backends: str | Iterable[str] | None = None,
         modes: str | Iterable[str] = MODES,
@@ -284,21 +424,51 @@ class BenchmarkConfig:
         memory_limit_gb: float = 16.0,
         options: Mapping[str, Any] | Sequence[str] | None = None,
         tf_jit: bool = True,
-        baseline: str | None = "full",
+        baseline: Any = "full",
         seed: int = 0,
     ) -> "BenchmarkConfig":
-        """Parse and validate; the baseline layer is put first in ``layers``."""
-        layer_names = parse_layers(layers)
+        """Parse and validate; the baseline layer is put first in ``layers``.
+
+        Every layer's config is resolved for every length (placeholders,
+        ``--option`` values, ``num_heads`` and ``key_dim``), so that a
+        mistake is reported before anything runs. Whether the layer's
+        constructor accepts every option needs its class, which the runner
+        checks (:func:`keras_longattn.benchmarks.runner.check_layers`).
+
+        Args:
+            layers: see :func:`parse_layers`.
+            baseline: the label of one of ``layers``, or a layer as
+                :func:`parse_layers` takes it (added first when missing);
+                ``None`` for no ratios. Defaults to ``"full"``.
+            (the others): see :func:`keras_longattn.benchmarks.run_benchmark`.
+        """
+        specs = parse_layers(layers)
+        labels = [spec.label for spec in specs]
+        baseline_label = None
         if baseline is not None:
-            if baseline not in registry.available_layers():
-                raise BenchmarkArgumentError(
-                    "baseline",
-                    f"unknown layer {baseline!r}; known layers: "
-                    f"{', '.join(registry.available_layers())}",
-                )
-            layer_names = [baseline] + [name for name in layer_names if name != baseline]
-        return cls(
-            layers=layer_names,
+            if isinstance(baseline, str) and baseline.strip() in labels:
+                baseline_label = baseline.strip()
+            else:
+                extra = parse_layers(baseline, argument="baseline")
+                if len(extra) != 1:
+                    raise BenchmarkArgumentError(
+                        "baseline", f"expected one layer, got {len(extra)}: {baseline!r}"
+                    )
+                baseline_label = extra[0].label
+                if baseline_label in labels:
+                    index = labels.index(baseline_label)
+                    if specs[index] != extra[0]:
+                        raise BenchmarkArgumentError(
+                            "baseline",
+                            f"the baseline is labelled {baseline_label!r} like another "
+                            "layer of --layers with a different config; give it a "
+                            "distinct \"name\"",
+                        )
+                else:
+                    specs.insert(0, extra[0])
+            specs.sort(key=lambda spec: spec.label != baseline_label)
+        config = cls(
+            layers=[spec.label for spec in specs],
             lengths=parse_lengths(lengths),
             backends=parse_backends(backends),
             modes=parse_modes(modes),
@@ -314,13 +484,64 @@ class BenchmarkConfig:
             memory_limit_gb=_positive_float("memory_limit_gb", memory_limit_gb),
             options=parse_options(options),
             tf_jit=bool(tf_jit),
-            baseline=baseline,
+            baseline=baseline_label,
             seed=_positive_int("seed", seed, minimum=0),
+            layer_specs={spec.label: spec.to_dict() for spec in specs},
         )
+        config._check_layer_specs()
+        return config
 
-    def layer_options(self) -> dict[str, Any]:
-        """All layer options: ``window`` plus the ``--option`` values (which win)."""
-        return {"window": self.window, **self.options}
+    def _check_layer_specs(self) -> None:
+        """Every option targets a layer; every config resolves at every length."""
+        for key in self.options:
+            prefix, dot, _ = key.rpartition(".")
+            if dot and prefix not in self.layers:
+                raise BenchmarkArgumentError(
+                    "option",
+                    f"option {key!r} names no layer of this run; the layers are "
+                    f"{', '.join(self.layers)}",
+                )
+        for label in self.layers:
+            options = self.layer_options(label)
+            for seq_len in self.lengths:
+                try:
+                    self.layer_spec(label, seq_len)
+                except LayerConfigError as exc:
+                    raise BenchmarkArgumentError(
+                        "option" if options and self._resolves_without_options(label, seq_len)
+                        else "layers",
+                        str(exc),
+                    ) from None
+
+    def _resolves_without_options(self, label: str, seq_len: int) -> bool:
+        try:
+            resolve_spec(self.layer_specs[label], seq_len=seq_len, num_heads=self.num_heads,
+                         key_dim=self.head_dim, batch=self.batch, window=self.window)
+        except LayerConfigError:
+            return False
+        return True
+
+    def layer_options(self, label: str) -> dict[str, Any]:
+        """The ``--option`` values applied to layer ``label`` (see
+        :func:`layer_options`)."""
+        return layer_options(label, self.options)
+
+    def layer_spec(self, label: str, seq_len: int) -> dict[str, Any]:
+        """The layer config that layer ``label`` is built from at ``seq_len``.
+
+        Returns:
+            ``{"class_name": ..., "config": {...}}`` with the options merged,
+            the placeholders evaluated, and ``num_heads`` and ``key_dim`` set.
+
+        Raises:
+            LayerConfigError: see
+                :func:`keras_longattn.benchmarks.layer_config.resolve_spec`.
+        """
+        return resolve_spec(
+            self.layer_specs[label], seq_len=seq_len, num_heads=self.num_heads,
+            key_dim=self.head_dim, batch=self.batch, window=self.window,
+            options=self.layer_options(label), label=label,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

@@ -36,9 +36,6 @@ def describe_outcome(row: Mapping[str, Any]) -> str:
         peak = row.get("peak_memory_bytes")
         if isinstance(peak, (int, float)):
             text += f", peak {peak / MIB:.1f} MiB"
-        ignored = row.get("ignored_options")
-        if ignored:
-            text += f" (options not accepted by this layer: {', '.join(ignored)})"
         return text
     message = row.get("message") or ""
     return f"{status}: {message}" if message else str(status)

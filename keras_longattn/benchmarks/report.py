@@ -1,7 +1,8 @@
 """Ratios against the baseline layer, the summary table, JSON and CSV files.
 
 A *row* is the dict of one configuration produced by the runner: its
-settings (``backend``, ``layer``, ``seq_len``, ``mode``, ...), its ``status``
+settings (``backend``, ``layer``: the layer's label, ``layer_spec``: the
+Keras layer config it was built from, ``seq_len``, ``mode``, ...), its ``status``
 (``"ok"``, ``"oom"``, ``"timeout"``, ``"error"`` or ``"skipped"``), a
 ``message`` for the others, and when ok the timings (``median_ms``,
 ``times_ms``, ...) and ``peak_memory_bytes``.
@@ -75,6 +76,7 @@ CSV_COLUMNS = (
     "backend_version",
     "keras_version",
     "layer_class",
+    "layer_spec",
     "num_params",
     "options",
     "wall_s",
@@ -325,7 +327,7 @@ def _csv_value(row: Mapping[str, Any], column: str) -> Any:
         return ""
     if column == "times_ms":
         return ";".join(f"{t:.4f}" for t in value)
-    if column == "options":
+    if column in ("options", "layer_spec"):
         return json.dumps(value, sort_keys=True, default=repr)
     if isinstance(value, float):
         return f"{value:.6g}"

@@ -14,8 +14,11 @@ its longer lengths in that mode and in the costlier modes (``fwdbwd`` after
 ``fwd``), and the costlier modes at ``n`` itself, are recorded as
 ``"skipped"`` instead of being run.
 
-The runner process imports no backend itself (the package ``keras_longattn``
-may import Keras).
+Before measuring, :func:`check_layers` resolves every layer's class and
+checks its config (an unknown class or an option that the constructor does
+not accept is a :class:`~keras_longattn.benchmarks.BenchmarkArgumentError`):
+in this process when Keras is imported here already, else in one worker
+subprocess, so that the runner process imports no backend itself.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from . import registry
-from .config import MODES, BenchmarkConfig
+from .config import MODES, BenchmarkArgumentError, BenchmarkConfig
+from .layer_config import check_specs
 from .progress import Progress, make_progress
 from .report import compute_ratios, write_reports
 from .worker import RESULT_MARKER
@@ -45,6 +48,7 @@ __all__ = [
     "execute",
     "run_job",
     "plan_jobs",
+    "check_layers",
     "machine_info",
     "memory_limit_bytes",
     "DEFAULT_OUTPUT_DIR",
@@ -60,6 +64,9 @@ STDERR_TAIL_LINES = 20
 
 #: Seconds between two polls of the child's memory.
 POLL_INTERVAL = 0.05
+
+#: Wall-clock limit in seconds of the subprocess of :func:`check_layers`.
+CHECK_TIMEOUT = 300.0
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -363,31 +370,115 @@ def run_job(job: Mapping[str, Any], timeout: float, memory_limit: int,
 
 
 def plan_jobs(config: BenchmarkConfig) -> list[dict[str, Any]]:
-    """All configurations in run order: backend, length, layer, mode."""
+    """All configurations in run order: backend, length, layer, mode.
+
+    Each job holds the layer's label (``layer``), the layer config it builds
+    at that length (``layer_spec``, see :meth:`BenchmarkConfig.layer_spec`)
+    and the ``--option`` values applied to it (``options``).
+    """
     jobs = []
-    options = config.layer_options()
     for backend in config.backends:
         for seq_len in config.lengths:
             for layer in config.layers:
+                spec = config.layer_spec(layer, seq_len)
                 for mode in config.modes:
                     jobs.append({
                         "backend": backend,
                         "layer": layer,
-                        "factory": registry.get_entry(layer).factory,
+                        "layer_spec": spec,
                         "seq_len": seq_len,
                         "mode": mode,
                         "batch": config.batch,
                         "num_heads": config.num_heads,
                         "head_dim": config.head_dim,
+                        "window": config.window,
                         "causal": config.causal,
                         "scope": config.scope,
                         "repeats": config.repeats,
                         "warmup": config.warmup,
-                        "options": options,
+                        "options": config.layer_options(layer),
                         "tf_jit": config.tf_jit,
                         "seed": config.seed,
                     })
     return jobs
+
+
+def check_layers(config: BenchmarkConfig, in_process: bool | None = None,
+                 python: str | None = None, timeout: float = CHECK_TIMEOUT) -> dict[str, str]:
+    """Resolve every layer's class and check its configs before measuring.
+
+    Each distinct layer config of the run (one per layer and length) is
+    resolved, checked against the constructor's keyword arguments and
+    constructed (without weights), as the worker will do.
+
+    Args:
+        config: the validated benchmark request.
+        in_process: check in this process (imports the layer classes). Defaults
+            to ``None``: in this process when Keras is imported already, else
+            in a worker subprocess on the first backend.
+        python: the interpreter of the subprocess. Defaults to
+            ``sys.executable``.
+        timeout: wall-clock limit of the subprocess in seconds. Defaults to
+            :data:`CHECK_TIMEOUT`.
+
+    Returns:
+        The layer class of each label (``"module.Class"``).
+
+    Raises:
+        BenchmarkArgumentError: an unknown class or option, or a config the
+            constructor rejects; the message names the layer (and the
+            option with the accepted ones). Argument ``option`` when the
+            option came from ``--option``, else ``layers``.
+        RuntimeError: the subprocess gave no answer.
+    """
+    items, seen = [], set()
+    for label in config.layers:
+        for seq_len in config.lengths:
+            spec = config.layer_spec(label, seq_len)
+            key = json.dumps([label, spec], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                items.append({"label": label, "layer_spec": spec})
+    if in_process is None:
+        in_process = "keras" in sys.modules
+    if in_process:
+        results = check_specs(items)
+    else:
+        results = _check_in_subprocess(items, config.backends[0], python, timeout)
+    classes: dict[str, str] = {}
+    for result in results:
+        label = result["label"]
+        if result.get("error"):
+            unknown = result.get("unknown_options") or ()
+            explicit = config.layer_options(label)
+            from_option = any(key in explicit for key in unknown)
+            message = result["error"]
+            shared = [key for key in unknown if key in config.options]
+            if shared:
+                message += (f" (--option {shared[0]}=... applies to every layer; "
+                            f"LABEL.{shared[0]}=... applies to one)")
+            raise BenchmarkArgumentError("option" if from_option else "layers", message)
+        classes.setdefault(label, result.get("layer_class"))
+    return classes
+
+
+def _check_in_subprocess(items: list[dict], backend: str, python: str | None,
+                         timeout: float) -> list[dict]:
+    command = [python or sys.executable, "-m", "keras_longattn.benchmarks.worker", "--check",
+               json.dumps(items)]
+    try:
+        completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
+                                   text=True, errors="replace", env=_child_env(backend),
+                                   timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"checking the layers took more than {timeout:g} s") from None
+    answer = _parse_result(completed.stdout)
+    if not isinstance(answer, dict) or "checks" not in answer:
+        raise RuntimeError(
+            "checking the layers failed (worker exit code "
+            f"{completed.returncode}): {_tail(completed.stderr, 5) or '(no output)'}"
+        )
+    return answer["checks"]
 
 
 class _SkipAhead:
@@ -410,21 +501,10 @@ class _SkipAhead:
         return None
 
 
-def _row(job: Mapping[str, Any], outcome: Mapping[str, Any],
-         explicit_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The report row of ``job``: its settings, then the worker's outcome.
-
-    ``options`` becomes what the layer received; ``ignored_options`` keeps
-    only options the user gave explicitly (``--option``), not ``window``
-    which every layer is offered.
-    """
+def _row(job: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The report row of ``job``: its settings, then the worker's outcome."""
     row = dict(job)
     row.update(outcome)
-    ignored = set(outcome.get("ignored_options") or ())
-    offered = registry.layer_options(job["layer"], job["options"])
-    row["options"] = {key: value for key, value in offered.items() if key not in ignored}
-    explicit = registry.layer_options(job["layer"], explicit_options)
-    row["ignored_options"] = sorted(ignored & set(explicit))
     peak = row.get("peak_memory_bytes")
     row["peak_memory_mib"] = peak / float(1 << 20) if isinstance(peak, (int, float)) else None
     return row
@@ -433,11 +513,18 @@ def _row(job: Mapping[str, Any], outcome: Mapping[str, Any],
 def execute(config: BenchmarkConfig, progress: Progress | None = None) -> BenchmarkResults:
     """Run every configuration of ``config`` and compute the ratios.
 
-    On ``KeyboardInterrupt`` the running worker is killed, the remaining
+    The layers are checked first (:func:`check_layers`). On
+    ``KeyboardInterrupt`` the running worker is killed, the remaining
     configurations are recorded as skipped, and the interrupt propagates with
     the partial :class:`BenchmarkResults` as ``exc.results``.
     """
     progress = progress if progress is not None else Progress()
+    try:
+        layer_classes = check_layers(config)
+    except RuntimeError as exc:
+        # The workers will report what is wrong, configuration by configuration.
+        progress.note(f"warning: {exc}")
+        layer_classes = {}
     started = datetime.now(timezone.utc)
     limit, warning = memory_limit_bytes(config.memory_limit_gb)
     if warning:
@@ -447,6 +534,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
         "config": {**config.to_dict(), "memory_limit_bytes": limit,
                    "python_executable": sys.executable},
         "machine": machine_info(),
+        "layer_classes": layer_classes,
         "memory_method": (
             "peak RSS increase over the RSS after the inputs and the layer are "
             "built (see keras_longattn.benchmarks.worker); device allocator "
@@ -467,13 +555,12 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
                 progress.start(index, total, job)
                 outcome = run_job(job, config.timeout, limit)
                 skip.record(job, outcome["status"])
-            row = _row(job, outcome, config.options)
+            row = _row(job, outcome)
             rows.append(row)
             progress.finish(index, total, job, row)
     except KeyboardInterrupt as interrupt:
         for job in jobs[len(rows):]:
-            rows.append(_row(job, {"status": "skipped", "message": "interrupted"},
-                             config.options))
+            rows.append(_row(job, {"status": "skipped", "message": "interrupted"}))
         compute_ratios(rows, config.baseline)
         metadata["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         metadata["interrupted"] = True
@@ -488,7 +575,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
 
 
 def run_benchmark(
-    layers: str | Sequence[str],
+    layers: Any,
     lengths: str | int | Sequence[int],
     backends: str | Sequence[str] | None = None,
     *,
@@ -504,7 +591,7 @@ def run_benchmark(
     memory_limit_gb: float = 16.0,
     options: Mapping[str, Any] | Sequence[str] | None = None,
     tf_jit: bool = True,
-    baseline: str | None = "full",
+    baseline: Any = "full",
     seed: int = 0,
     scope: str = "layer",
     output_dir: str | os.PathLike | None = None,
@@ -513,26 +600,39 @@ def run_benchmark(
     """Benchmark layers; every configuration runs in a fresh subprocess.
 
     Args:
-        layers: registered layer names (``["full", "local"]`` or
-            ``"full,local"``); see :func:`keras_longattn.benchmarks.register`.
+        layers: the layers, each a registered short name (``"local"``, see
+            :func:`keras_longattn.benchmarks.register`), a class reference
+            (``"keras_longattn>LocalAttention"``, ``"my_package.layers:MyAttention"``)
+            or a Keras layer config (``{"class_name": "LocalAttention",
+            "config": {"window": 128}}``, also as JSON text); a list, or a
+            comma-separated string of names (see
+            :func:`keras_longattn.benchmarks.config.parse_layers`). A row's
+            ``layer`` is the short name, else the config's ``"name"``, else
+            the class name.
         lengths: sequence lengths.
         backends: ``"jax"``, ``"tensorflow"``, ``"torch"``; default
             ``$KERAS_BACKEND`` or jax.
         modes: ``"fwd"`` and/or ``"fwdbwd"``.
         batch: batch size B.
-        num_heads: heads H.
-        head_dim: size d of each head; the inputs are ``(B, n, H * d)``.
-        window: ``window`` option of the layers that take one (``local``).
+        num_heads: heads H; the ``num_heads`` of every layer config that does
+            not set it (a config setting another value is an error).
+        head_dim: size d of each head; the inputs are ``(B, n, H * d)``; the
+            ``key_dim`` of every layer config that does not set it.
+        window: the value of ``"${window}"`` in layer configs (the ``local``
+            layer's window).
         causal: causal attention (``use_causal_mask=True``).
         repeats: timed calls per configuration (the median is reported).
         warmup: untimed calls before them (the first one compiles).
         timeout: seconds per configuration before it is killed.
         memory_limit_gb: RSS limit per worker before it is killed (``oom``).
-        options: more layer options, ``{"name": value}`` or ``["name=value"]``;
-            ``"layer.name"`` targets one layer.
+        options: constructor arguments set in the layer configs,
+            ``{"name": value}`` or ``["name=value"]``; ``"label.name"``
+            targets one layer, a bare ``"name"`` every layer. An option that
+            a layer's constructor does not accept is an error.
         tf_jit: ``jit_compile`` of the TensorFlow ``tf.function``.
-        baseline: layer the ratios compare with (added to ``layers`` when
-            missing); ``None`` for no ratios.
+        baseline: layer the ratios compare with: the label of one of
+            ``layers``, or a layer given like them (added when missing);
+            ``None`` for no ratios.
         seed: seed of the inputs and the weights.
         scope: ``"layer"`` times the whole layer (projections included);
             ``"attention"`` times only ``layer.attend`` on projected heads,
@@ -547,7 +647,9 @@ def run_benchmark(
         the written ``paths``.
 
     Raises:
-        BenchmarkArgumentError: an invalid argument (the message names it).
+        BenchmarkArgumentError: an invalid argument (the message names it),
+            including an unknown layer class and an option that a layer's
+            constructor does not accept.
     """
     config = BenchmarkConfig.create(
         layers=layers, lengths=lengths, backends=backends, modes=modes, batch=batch,

@@ -6,12 +6,19 @@ The runner launches this module in a fresh subprocess per configuration::
 
 (the argument may also be ``@path`` to a JSON file). The worker builds random
 float32 inputs of shape ``(batch, seq_len, num_heads * head_dim)`` and the
-layer (``num_heads`` heads of size ``head_dim``), compiles and warms up, then
+layer from its Keras layer config (``layer_spec``, built with
+``keras.saving.deserialize_keras_object``; see
+:mod:`keras_longattn.benchmarks.layer_config`), compiles and warms up, then
 times ``repeats`` calls and prints one line::
 
     @@KERAS_LONGATTN_BENCH_RESULT@@ {"status": "ok", "median_ms": ..., ...}
 
 to stdout; the marker lets the runner find it among library log output.
+
+``python -m keras_longattn.benchmarks.worker --check '<json list>'`` only
+resolves, checks and constructs layer configs
+(:func:`keras_longattn.benchmarks.layer_config.check_specs`) and prints
+``{"checks": [...]}`` after the same marker.
 
 What is timed, per backend:
 
@@ -73,11 +80,12 @@ RESULT_MARKER = "@@KERAS_LONGATTN_BENCH_RESULT@@ "
 DEFAULT_CONFIG: dict[str, Any] = {
     "backend": None,
     "layer": "full",
-    "factory": None,
+    "layer_spec": None,
     "seq_len": 1024,
     "batch": 1,
     "num_heads": 4,
     "head_dim": 64,
+    "window": 256,
     "causal": True,
     "scope": "layer",
     "mode": "fwd",
@@ -448,7 +456,9 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         A dict with ``status`` (``"ok"``, ``"oom"`` or ``"error"``), timings
         in milliseconds (``times_ms``, ``median_ms``, ``first_call_ms``...),
         memory in bytes (``peak_memory_bytes``, ``baseline_rss_bytes``...),
-        and what ran (``layer_class``, ``layer_config``, versions, device).
+        and what ran (``layer_spec``: the layer config it was built from,
+        ``layer_class``, ``layer_config``: the layer's ``get_config()``,
+        versions, device).
     """
     config = {**DEFAULT_CONFIG, **config}
     backend = config["backend"] or os.environ.get("KERAS_BACKEND") or "jax"
@@ -470,24 +480,23 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown mode {config['mode']!r}")
         result["keras_version"] = keras.__version__
 
-        from .registry import (
-            get_entry,
-            ignored_options,
-            layer_options,
-            reset_ignored_options,
-            resolve_factory,
-        )
+        from . import registry
+        from .layer_config import build_layer, resolve_spec
 
         stage = "build"
-        factory = resolve_factory(config["factory"] or get_entry(config["layer"]).factory)
         keras.utils.set_random_seed(int(config["seed"]))
         batch, seq_len = int(config["batch"]), int(config["seq_len"])
         heads, head_dim = int(config["num_heads"]), int(config["head_dim"])
+        spec = config["layer_spec"]
+        if spec is None:
+            spec = registry.get_entry(config["layer"]).config
+        spec = resolve_spec(spec, seq_len=seq_len, num_heads=heads, key_dim=head_dim,
+                            batch=batch, window=int(config["window"]),
+                            options=config["options"], label=config["layer"])
+        result["layer_spec"] = spec
         rng = np.random.default_rng(int(config["seed"]))
         x_np = rng.standard_normal((batch, seq_len, heads * head_dim), dtype=np.float32)
-        reset_ignored_options()
-        layer = factory(heads, head_dim, seq_len, layer_options(config["layer"], config["options"]))
-        result["ignored_options"] = ignored_options()
+        layer = build_layer(spec, label=config["layer"])
         result["layer_class"] = f"{type(layer).__module__}.{type(layer).__qualname__}"
         if config["scope"] == "attention":
             layer = _attention_only(layer, heads, head_dim)
@@ -571,12 +580,31 @@ def _load_config(argument: str) -> dict[str, Any]:
     return json.loads(argument)
 
 
+def _check(argument: str) -> int:
+    """``--check``: resolve and check layer configs, print the findings."""
+    try:
+        items = _load_config(argument)
+    except (OSError, ValueError) as exc:
+        print(f"worker: cannot read the layer configs: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from .layer_config import check_specs
+
+    checks = check_specs(items)
+    sys.stdout.flush()
+    print(RESULT_MARKER + json.dumps({"checks": checks}, default=repr), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m keras_longattn.benchmarks.worker CONFIG``."""
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--check":
+        return _check(argv[1])
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__, file=sys.stderr)
-        print("usage: python -m keras_longattn.benchmarks.worker '<json>' | @file.json",
+        print("usage: python -m keras_longattn.benchmarks.worker '<json>' | @file.json\n"
+              "       python -m keras_longattn.benchmarks.worker --check '<json list>'",
               file=sys.stderr)
         return 2
     try:

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+from pathlib import Path
 
 import keras
 import pytest
@@ -26,7 +27,7 @@ from keras_longattn.benchmarks import (
     write_reports,
 )
 from keras_longattn.benchmarks import config as bench_config
-from keras_longattn.benchmarks import registry, runner, worker
+from keras_longattn.benchmarks import layer_config, runner, worker
 from keras_longattn.benchmarks.report import CSV_COLUMNS, format_notes, to_csv
 
 BACKEND = keras.backend.backend()
@@ -163,8 +164,8 @@ def test_parsing():
     assert bench_config.parse_option("implementation=blocked") == ("implementation", "blocked")
     assert bench_config.parse_option("use_bias=false") == ("use_bias", False)
     options = {"window": 64, "block_size": 32, "local.block_size": 128, "full.x": 1}
-    assert registry.layer_options("local", options) == {"window": 64, "block_size": 128}
-    assert registry.layer_options("mha", options) == {"window": 64, "block_size": 32}
+    assert bench_config.layer_options("local", options) == {"window": 64, "block_size": 128}
+    assert bench_config.layer_options("mha", options) == {"window": 64, "block_size": 32}
 
 
 @pytest.mark.parametrize(
@@ -179,6 +180,21 @@ def test_parsing():
         ({"memory_limit_gb": -1}, "memory_limit_gb", "> 0"),
         ({"options": ["window"]}, "option", "name=value"),
         ({"baseline": "nope"}, "baseline", "unknown layer 'nope'"),
+        ({"layers": '{"class_name": "LocalAttention", "config": {"window": 8}'},
+         "layers", "invalid JSON layer config"),
+        ({"layers": [{"class_name": "LocalAttention", "config": {"windw": 8}}]},
+         "layers", "LocalAttention) does not accept the option 'windw'; accepted options: "),
+        ({"layers": "local", "options": ["local.blocksize=3"]},
+         "option", "layer 'local' (keras_longattn.layers.local_attention.LocalAttention) "
+                   "does not accept the option 'blocksize'"),
+        ({"layers": "local", "options": ["lcoal.window=3"]},
+         "option", "option 'lcoal.window' names no layer of this run"),
+        ({"layers": [{"class_name": "LocalAttention", "config": {"window": "${sqr(seq_len)}"}}]},
+         "layers", "unknown function"),
+        ({"layers": [{"class_name": "NoSuchAttention"}]}, "layers", "NoSuchAttention"),
+        ({"layers": [{"class_name": "LocalAttention", "config": {"num_heads": 8}}],
+          "num_heads": 2},
+         "layers", "sets num_heads=8 in its config, but the benchmark's num_heads (--heads) is 2"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, argument, text):
@@ -197,6 +213,12 @@ def test_bad_arguments_name_the_argument(kwargs, argument, text):
         (["--option", "oops"], "argument --option: expected name=value"),
         (["--repeats", "0"], "argument --repeats: must be >= 1"),
         (["--baseline", "nope"], "argument --baseline: unknown layer 'nope'"),
+        (["--option", "blocksize=3"],
+         "argument --option: layer 'full' (keras_longattn.layers.full_attention.FullAttention) "
+         "does not accept the option 'blocksize'; accepted options: "),
+        (["--layers", '{"class_name": "LocalAttention", "config": {"key_dim": 32}}'],
+         "argument --layers: layer 'LocalAttention' sets key_dim=32 in its config, but the "
+         "benchmark's head_dim (--head-dim) is 64"),
     ],
 )
 def test_cli_bad_arguments(argv, text, capsys):
@@ -217,22 +239,48 @@ def test_cli_list_layers_and_help(capsys):
 
 def test_register_and_build():
     assert {"full", "local", "mha"} <= set(available_layers())
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ValueError, match="must be a Keras layer config dict"):
         register("lam", lambda h, d, n, o: None)
     with pytest.raises(ValueError, match="already registered"):
-        register("mha", registry.keras_multi_head_attention)
-    entry = register("mha2", "keras_longattn.benchmarks.registry:keras_multi_head_attention")
+        register("mha", {"class_name": "MultiHeadAttention"})
+    with pytest.raises(ValueError, match="unknown name 'n'"):
+        register("bad", {"class_name": "LocalAttention", "config": {"window": "${n // 2}"}})
+    assert "bad" not in available_layers()
+    entry = register("mha2", {"class_name": "MultiHeadAttention",
+                              "config": {"dropout": 0.0, "value_dim": "${key_dim // 2}"}})
     try:
         assert "mha2" in available_layers()
-        layer = registry.build_layer("mha2", 2, 8, 32, {"window": 16, "dropout": 0.0})
+        config = bench_config.BenchmarkConfig.create(layers="mha2", lengths=[32],
+                                                     num_heads=2, head_dim=8, baseline=None)
+        spec = config.layer_spec("mha2", 32)
+        assert spec == {"class_name": "MultiHeadAttention",
+                        "config": {"dropout": 0.0, "value_dim": 4, "num_heads": 2, "key_dim": 8}}
+        layer = layer_config.build_layer(spec)
         assert isinstance(layer, keras.layers.MultiHeadAttention)
-        assert registry.ignored_options() == ["window"]
-        assert entry.factory.endswith(":keras_multi_head_attention")
+        assert layer.get_config()["value_dim"] == 4
+        assert entry.config["config"]["value_dim"] == "${key_dim // 2}"
     finally:
         unregister("mha2")
     assert "mha2" not in available_layers()
-    with pytest.raises(registry.LayerUnavailableError, match="no attribute"):
-        registry.build_layer("x", 2, 8, 32, {}, factory="keras_longattn.benchmarks:nope")
+    with pytest.raises(layer_config.LayerUnavailableError, match="no attribute"):
+        layer_config.build_layer({"class_name": "keras_longattn.benchmarks:nope"})
+
+
+def test_placeholders():
+    variables = {"seq_len": 4096, "window": 256, "num_heads": 4, "key_dim": 64}
+    assert layer_config.evaluate_placeholder("max(1, round(sqrt(seq_len)))", variables) == 64
+    assert layer_config.evaluate_placeholder("seq_len // window - 2 ** 3", variables) == 8
+    for expression, text in [("__import__('os')", "unknown function"),
+                             ("seq_len.bit_length()", "unknown function"),
+                             ("'a' * 3", "only numbers"), ("n + 1", "unknown name 'n'"),
+                             ("2 ** 1000", "too large"), ("seq_len +", "invalid placeholder")]:
+        with pytest.raises(layer_config.LayerConfigError, match=text):
+            layer_config.evaluate_placeholder(expression, variables)
+    assert layer_config.substitute_placeholders(
+        {"a": ["${window}", {"b": "${seq_len / 2}"}], "c": "text"}, variables
+    ) == {"a": [256, {"b": 2048.0}], "c": "text"}
+    with pytest.raises(layer_config.LayerConfigError, match="the whole value"):
+        layer_config.substitute_placeholders("w${window}", variables)
 
 
 def test_skip_ahead_rule():
@@ -252,8 +300,8 @@ def test_worker_failures_become_statuses():
     assert worker._is_oom(MemoryError())
     assert worker._is_oom(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating"))
     assert not worker._is_oom(ValueError("shapes do not match"))
-    result = worker.run_config({"backend": BACKEND, "layer": "x",
-                                "factory": "keras_longattn.benchmarks.registry:nope"})
+    result = worker.run_config({"backend": BACKEND, "layer": "x", "layer_spec": {
+        "class_name": "keras_longattn.benchmarks.registry:nope"}})
     assert result["status"] == "error"
     assert "build" in result["message"] and "no attribute" in result["message"]
     other = "torch" if BACKEND != "torch" else "jax"
@@ -304,26 +352,29 @@ def test_worker_forward_in_process():
 
 
 def test_cli_end_to_end(tmp_path, capsys):
-    """One run of the command line: two layers, forward+backward, n=64.
+    """One run of the command line, forward+backward, n=64: the baseline by
+    its short name and a LocalAttention given only as a layer config.
 
     (Each worker is a fresh process importing Keras and the backend, several
     seconds; the forward mode is covered in-process above.)
     """
-    layers, baseline = _layers_and_baseline()
-    argv = ["bench", "--layers", ",".join(layers), "--lengths", "64", "--backends", BACKEND,
-            "--modes", "fwdbwd", "--repeats", "2", "--heads", "2", "--head-dim", "16",
-            "--window", "16", "--baseline", baseline, "--timeout", "300",
-            "--output-dir", str(tmp_path), "--plain"]
+    local = {"class_name": "LocalAttention", "config": {"window": 16, "look_back": 1}}
+    assert "LocalAttention" not in available_layers()
+    argv = ["bench", "--layers", "full", "--layers", json.dumps(local), "--lengths", "64",
+            "--backends", BACKEND, "--modes", "fwdbwd", "--repeats", "2", "--heads", "2",
+            "--head-dim", "16", "--timeout", "300", "--output-dir", str(tmp_path), "--plain"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
-    total = len(layers)
-    assert f"[1/{total}] {layers[0]} n=64 fwdbwd {BACKEND} ..." in captured.err
-    assert f"speed-up vs {baseline}" in captured.out
+    layers = ["full", "LocalAttention"]
+    assert f"[1/2] full n=64 fwdbwd {BACKEND} ..." in captured.err
+    assert "speed-up vs full" in captured.out and "LocalAttention" in captured.out
 
     document = json.loads((tmp_path / "latest.json").read_text())
     rows = document["results"]
     assert [row["layer"] for row in rows] == layers
     assert document["config"]["backends"] == [BACKEND]
+    assert document["config"]["layer_specs"]["LocalAttention"] == local
+    assert document["layer_classes"]["LocalAttention"].endswith("LocalAttention")
     assert document["machine"]["cpu_count"] >= 1
     assert document["machine"]["versions"]["keras"] == keras.__version__
     for row in rows:
@@ -335,15 +386,22 @@ def test_cli_end_to_end(tmp_path, capsys):
         assert row["peak_memory_bytes"] >= 0 and row["memory_method"]
         assert row["time_ratio"] is not None and row["time_ratio"] > 0
         assert row["keras_version"] == keras.__version__
-    assert rows[0]["layer"] == baseline and rows[0]["time_ratio"] == 1.0
+    assert rows[0]["layer"] == "full" and rows[0]["time_ratio"] == 1.0
     assert rows[0]["memory_ratio"] in (1.0, None)
-    if "local" in layers:
-        local = rows[layers.index("local")]
-        assert local["options"]["window"] == 16
-        assert local["layer_config"]["window"] == 16
+    assert rows[0]["layer_spec"] == {"class_name": "FullAttention",
+                                     "config": {"num_heads": 2, "key_dim": 16}}
+    # The row says what ran: the config asked for, the class and its get_config().
+    row = rows[1]
+    assert row["layer_spec"] == {"class_name": "LocalAttention", "config": {
+        "window": 16, "look_back": 1, "num_heads": 2, "key_dim": 16}}
+    assert row["layer_class"] == "keras_longattn.layers.local_attention.LocalAttention"
+    assert row["layer_config"]["window"] == 16 and row["layer_config"]["look_back"] == 1
+    assert row["layer_config"]["num_heads"] == 2 and row["layer_config"]["key_dim"] == 16
+    assert row["options"] == {}
 
     table = list(csv.DictReader(io.StringIO((tmp_path / "latest.csv").read_text())))
     assert [r["layer"] for r in table] == layers
+    assert json.loads(table[1]["layer_spec"]) == row["layer_spec"]
     assert all(float(r["median_ms"]) > 0 for r in table)
     assert float(table[0]["time_ratio"]) == 1.0
     assert sorted(path.suffix for path in tmp_path.glob("bench-*")) == [".csv", ".json"]
@@ -368,10 +426,116 @@ def test_scope_is_validated():
         bench_config.BenchmarkConfig.create(layers=["full"], lengths=[64], scope="projections")
 
 
-def test_registry_defaults_for_sparse_and_routing():
-    strided = registry.sparse_strided_attention(4, 16, 1024, {"window": 256})
-    assert strided.pattern == "strided" and strided.block_length == 128
-    fixed = registry.sparse_fixed_attention(4, 16, 1024, {})
-    assert fixed.pattern == "fixed"
-    routing = registry.routing_attention(4, 16, 4096, {"window": 256})
-    assert routing.num_clusters == 64 and routing.window is None
+def test_short_names_resolve_to_the_configs_measured_before():
+    """The short names give the configurations of the former factories."""
+    config = bench_config.BenchmarkConfig.create(
+        layers="full,local,sparse-strided,sparse-fixed,routing,mha",
+        lengths=[1024, 4096, 8192, 16384], backends=[BACKEND])
+    head = {"num_heads": 4, "key_dim": 64}
+    expected = {
+        "full": {"class_name": "FullAttention", "config": head},
+        "local": {"class_name": "LocalAttention", "config": {"window": 256, **head}},
+        "sparse-strided": {"class_name": "SparseAttention",
+                           "config": {"pattern": "strided", "block_length": 128, **head}},
+        "sparse-fixed": {"class_name": "SparseAttention",
+                         "config": {"pattern": "fixed", "block_length": 128, **head}},
+        "mha": {"class_name": "MultiHeadAttention", "config": head},
+    }
+    for name, spec in expected.items():
+        assert config.layer_spec(name, 4096) == spec
+    clusters = {1024: 32, 4096: 64, 8192: 91, 16384: 128}
+    for seq_len, num_clusters in clusters.items():
+        assert config.layer_spec("routing", seq_len) == {
+            "class_name": "RoutingAttention", "config": {"num_clusters": num_clusters, **head}}
+    # --window and --option reach the configs of short names.
+    config = bench_config.BenchmarkConfig.create(
+        layers="local,routing", lengths=[64], window=32, baseline=None,
+        options=["routing.num_clusters=4", "routing.window=16"])
+    assert config.layer_spec("local", 64)["config"]["window"] == 32
+    assert config.layer_spec("routing", 64)["config"] == {
+        "num_clusters": 4, "window": 16, "num_heads": 4, "key_dim": 64}
+    routing = layer_config.build_layer(config.layer_spec("routing", 64))
+    assert routing.num_clusters == 4 and routing.window == 16
+
+
+def test_short_names_rebuild_the_committed_results():
+    """Every layer of docs/benchmarks/results.json, rebuilt from its short name
+    and the row's settings, has the row's get_config() (but its name)."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "results.json"
+    if not path.exists():
+        pytest.skip("no committed benchmark results")
+    rows = [row for row in json.loads(path.read_text())["results"]
+            if row["status"] == "ok" and row.get("scope", "layer") == "layer"
+            and row["layer"] in available_layers()]
+    assert rows
+    for row in rows:
+        config = bench_config.BenchmarkConfig.create(
+            layers=row["layer"], lengths=[row["seq_len"]], num_heads=row["num_heads"],
+            head_dim=row["head_dim"], baseline=None)
+        layer = layer_config.build_layer(config.layer_spec(row["layer"], row["seq_len"]))
+        built = {k: v for k, v in layer.get_config().items() if k != "name"}
+        recorded = {k: v for k, v in row["layer_config"].items() if k != "name"}
+        assert built == recorded, (row["layer"], row["seq_len"])
+
+
+def test_layer_references_and_serialized_configs(tmp_path, monkeypatch):
+    """Classes by registered name, by import path (a layer outside the
+    package, with no registry entry), and the serialize_keras_object form."""
+    (tmp_path / "bench_user_layers.py").write_text(
+        "import keras_longattn\n\n"
+        "class HalfWindow(keras_longattn.layers.LocalAttention):\n"
+        "    def __init__(self, num_heads, key_dim, half_window=4, **kwargs):\n"
+        "        super().__init__(num_heads, key_dim, window=2 * half_window, **kwargs)\n"
+        "        self.half_window = half_window\n\n"
+        "    def get_config(self):\n"
+        "        config = super().get_config()\n"
+        "        config.pop('window')\n"
+        "        return {**config, 'half_window': self.half_window}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import keras_longattn.layers as project
+
+    serialized = keras.saving.serialize_keras_object(
+        project.LocalAttention(num_heads=2, key_dim=8, window=8, name="local8"))
+    assert serialized["module"] == "keras_longattn.layers.local_attention"
+    serialized["build_config"] = {"input_shape": [1, 7, 16]}  # not the benchmark's shapes
+    layers = ["keras_longattn>RoutingAttention",
+              '{"class_name": "bench_user_layers:HalfWindow", "config": {"half_window": 3}}',
+              serialized]
+    config = bench_config.BenchmarkConfig.create(layers=layers, lengths=[32], num_heads=2,
+                                                 head_dim=8, baseline="full")
+    assert config.layers == ["full", "RoutingAttention", "HalfWindow", "local8"]
+    classes = runner.check_layers(config, in_process=True)
+    assert classes["HalfWindow"] == "bench_user_layers.HalfWindow"
+    assert classes["local8"].endswith("LocalAttention")
+    half = layer_config.build_layer(config.layer_spec("HalfWindow", 32))
+    assert type(half).__name__ == "HalfWindow" and half.window == 6
+    local8 = layer_config.build_layer(config.layer_spec("local8", 32))
+    assert local8.window == 8 and local8.name == "local8" and not local8.built
+    with pytest.raises(BenchmarkArgumentError, match="'windw'; accepted options: "):
+        bad = bench_config.BenchmarkConfig.create(
+            layers=layers[1], lengths=[32], options=["HalfWindow.windw=3"], baseline=None)
+        runner.check_layers(bad, in_process=True)
+
+    # The worker builds and measures the user layer from its config alone.
+    result = worker.run_config({"backend": BACKEND, "layer": "HalfWindow", "mode": "fwd",
+                                "seq_len": 32, "num_heads": 2, "head_dim": 8, "repeats": 1,
+                                "layer_spec": config.layer_spec("HalfWindow", 32)})
+    assert result["status"] == "ok", result.get("traceback")
+    assert result["layer_class"] == "bench_user_layers.HalfWindow"
+    assert result["layer_config"]["half_window"] == 3
+
+
+def test_layer_check_in_a_subprocess():
+    """The runner's check when Keras is not imported: one worker subprocess."""
+    items = [
+        {"label": "local", "layer_spec": {"class_name": "LocalAttention",
+                                          "config": {"window": 8, "num_heads": 2, "key_dim": 8}}},
+        {"label": "mha", "layer_spec": {"class_name": "MultiHeadAttention",
+                                        "config": {"window": 8, "num_heads": 2, "key_dim": 8}}},
+    ]
+    local, mha = runner._check_in_subprocess(items, BACKEND, None, 300)
+    assert local["error"] is None and local["layer_class"].endswith("LocalAttention")
+    assert mha["unknown_options"] == ["window"]
+    assert "layer 'mha'" in mha["error"] and "does not accept the option 'window'" in mha["error"]
+    assert "accepted options: " in mha["error"] and "sliding_window" in mha["error"]

@@ -1,0 +1,665 @@
+"""Layers given as Keras layer configs: parsing, length-dependent values, building.
+
+The benchmark measures any Keras attention layer with the constructor and
+call of ``keras.layers.MultiHeadAttention``. A layer is given by a *layer
+spec*, one of:
+
+* a Keras layer config, ``{"class_name": "LocalAttention", "config":
+  {"window": 256}}``, including the full form written by
+  ``keras.saving.serialize_keras_object`` (with ``"module"`` and
+  ``"registered_name"``; its ``"build_config"`` is left out, since the
+  benchmark builds the layer for its own input shapes);
+* a class reference without a config: ``"keras_longattn>LocalAttention"``
+  (a Keras-registered name) or ``"my_package.layers:MyAttention"`` (an import
+  path, for layers outside this package);
+* a short name registered in :mod:`keras_longattn.benchmarks.registry`
+  (``"local"``), which stands for a layer config (parsed in
+  :mod:`keras_longattn.benchmarks.config`).
+
+``class_name`` may itself be one of the two class references. A bare class
+name is looked up in ``keras_longattn.layers``, then in ``keras.layers``, then
+among the Keras-registered objects.
+
+Length-dependent values: a config value that is a string ``"${...}"`` is an
+arithmetic expression evaluated for each configuration, with the variables
+``seq_len``, ``batch``, ``num_heads``, ``key_dim`` (also ``head_dim``) and
+``window`` (the benchmark's ``--window``), the operators ``+ - * / // % **``
+and the functions ``sqrt``, ``log2``, ``ceil``, ``floor``, ``round``, ``int``,
+``float``, ``min``, ``max``, ``abs``. For example the registered ``routing``
+layer sets ``"num_clusters": "${max(1, round(sqrt(seq_len)))}"``.
+
+``num_heads`` and ``key_dim`` come from the benchmark (``--heads``,
+``--head-dim``) where the config does not set them; a config that sets them
+to other values is an error, since the inputs are ``(batch, seq_len,
+num_heads * key_dim)``. Every config key must be a keyword argument that the
+layer's constructor accepts (its ``__init__`` and, through ``**kwargs``,
+those of its base classes), otherwise :class:`LayerConfigError` names it.
+
+Parsing and :func:`resolve_spec` are plain Python; only
+:func:`resolve_class`, :func:`check_config`, :func:`build_layer` and
+:func:`check_specs` import Keras and the layer's module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "LayerConfigError",
+    "LayerUnavailableError",
+    "LayerSpec",
+    "PLACEHOLDER_VARIABLES",
+    "spec_from_dict",
+    "spec_from_reference",
+    "is_class_reference",
+    "evaluate_placeholder",
+    "substitute_placeholders",
+    "resolve_spec",
+    "resolve_class",
+    "accepted_options",
+    "check_config",
+    "build_layer",
+    "check_specs",
+]
+
+#: Variables of ``"${...}"`` placeholders.
+PLACEHOLDER_VARIABLES = ("seq_len", "batch", "num_heads", "key_dim", "head_dim", "window")
+
+#: Values of the variables used to check a placeholder when it is registered.
+_SAMPLE_VARIABLES = {"seq_len": 1024, "batch": 1, "num_heads": 4, "key_dim": 64,
+                     "head_dim": 64, "window": 256}
+
+#: Top-level keys of a layer config; ``build_config`` and ``compile_config``
+#: (written by ``serialize_keras_object``) are accepted and left out.
+_SPEC_KEYS = ("class_name", "config", "module", "registered_name")
+_DROPPED_KEYS = ("build_config", "compile_config")
+
+#: Keyword arguments of ``keras.layers.Layer`` that every Keras layer accepts.
+_BASE_LAYER_KWARGS = frozenset({"name", "dtype", "trainable", "autocast",
+                                "activity_regularizer"})
+
+#: The keys that the benchmark fills from ``--heads`` and ``--head-dim``.
+_SHAPE_KEYS = (("num_heads", "--heads"), ("key_dim", "--head-dim"))
+
+
+class LayerConfigError(ValueError):
+    """An invalid layer spec or layer config.
+
+    Attributes:
+        layer: the label of the layer (as in the result rows), or ``None``.
+        unknown_options: config keys that the layer's constructor does not
+            accept (empty for other errors).
+    """
+
+    def __init__(self, message: str, layer: str | None = None,
+                 unknown_options: Iterable[str] = ()):
+        super().__init__(message)
+        self.layer = layer
+        self.unknown_options = list(unknown_options)
+
+
+class LayerUnavailableError(RuntimeError):
+    """The class of a layer spec cannot be imported or found."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer to benchmark: a Keras layer config and its label.
+
+    Attributes:
+        label: the layer's name in the results (``row["layer"]``), in the
+            table and in ``--option LABEL.NAME=VALUE``.
+        class_name: ``"LocalAttention"``, ``"keras_longattn>LocalAttention"``
+            or ``"package.module:Class"``.
+        config: constructor keyword arguments; values may be ``"${...}"``
+            placeholders.
+        module: the module of the class, as written by
+            ``keras.saving.serialize_keras_object``. Defaults to ``None``.
+        registered_name: the Keras-registered name of the class. Defaults
+            to ``None``.
+    """
+
+    label: str
+    class_name: str
+    config: dict = field(default_factory=dict)
+    module: str | None = None
+    registered_name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layer config as a JSON-serialisable dict (no label)."""
+        data: dict[str, Any] = {"class_name": self.class_name, "config": dict(self.config)}
+        if self.module is not None:
+            data["module"] = self.module
+        if self.registered_name is not None:
+            data["registered_name"] = self.registered_name
+        return data
+
+
+def is_class_reference(text: Any) -> bool:
+    """Whether ``text`` is ``"package>Class"`` or ``"package.module:Class"``."""
+    return isinstance(text, str) and (">" in text or ":" in text)
+
+
+def _short_class_name(class_name: str) -> str:
+    """``"LocalAttention"`` of ``"keras_longattn>LocalAttention"`` or ``"a.b:LocalAttention"``."""
+    name = class_name.rpartition(">")[2].rpartition(":")[2]
+    return name.rpartition(".")[2] or class_name
+
+
+def _check_reference(class_name: str) -> None:
+    if ":" in class_name:
+        module, _, attribute = class_name.partition(":")
+        if not module or not attribute:
+            raise LayerConfigError(
+                f"class reference {class_name!r} must look like 'package.module:Class'"
+            )
+    elif ">" in class_name:
+        package, _, name = class_name.partition(">")
+        if not package or not name:
+            raise LayerConfigError(
+                f"registered class name {class_name!r} must look like 'package>Class'"
+            )
+
+
+def _json_copy(value: Any, what: str) -> Any:
+    """A deep copy of ``value`` through JSON, with a clear error if impossible."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise LayerConfigError(
+            f"{what} must be JSON-serialisable (it is sent to the worker "
+            f"subprocess): {exc}; received {value!r}"
+        ) from None
+
+
+def spec_from_dict(data: Mapping[str, Any], label: str | None = None) -> LayerSpec:
+    """A :class:`LayerSpec` from a Keras layer config.
+
+    Args:
+        data: ``{"class_name": ..., "config": {...}}``, optionally with
+            ``"module"`` and ``"registered_name"`` (``"build_config"`` and
+            ``"compile_config"`` are ignored).
+        label: the layer's label. Defaults to the config's ``"name"`` when it
+            is a string, else the class name without its package or module.
+
+    Returns:
+        The spec, with a JSON copy of the config.
+
+    Raises:
+        LayerConfigError: ``data`` is not a layer config.
+    """
+    if not isinstance(data, Mapping):
+        raise LayerConfigError(
+            f"a layer config must be a dict with 'class_name' and 'config'; received {data!r}"
+        )
+    unknown = sorted(set(data) - set(_SPEC_KEYS) - set(_DROPPED_KEYS))
+    if unknown:
+        raise LayerConfigError(
+            f"unknown key(s) {', '.join(map(repr, unknown))} in layer config {dict(data)!r}; "
+            f"expected {', '.join(_SPEC_KEYS)}"
+        )
+    class_name = data.get("class_name")
+    if not isinstance(class_name, str) or not class_name.strip():
+        raise LayerConfigError(
+            f"a layer config needs a 'class_name' string; received {dict(data)!r}"
+        )
+    class_name = class_name.strip()
+    _check_reference(class_name)
+    config = data.get("config", {})
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise LayerConfigError(
+            f"'config' of layer config {class_name!r} must be a dict; received {config!r}"
+        )
+    config = _json_copy(dict(config), f"the config of {class_name!r}")
+    for key in ("module", "registered_name"):
+        if data.get(key) is not None and not isinstance(data.get(key), str):
+            raise LayerConfigError(
+                f"'{key}' of layer config {class_name!r} must be a string; "
+                f"received {data.get(key)!r}"
+            )
+    check_placeholders(config, class_name)
+    if label is None:
+        name = config.get("name")
+        label = name if isinstance(name, str) and name and "${" not in name \
+            else _short_class_name(class_name)
+    return LayerSpec(label=label, class_name=class_name, config=config,
+                     module=data.get("module"), registered_name=data.get("registered_name"))
+
+
+def spec_from_reference(text: str) -> LayerSpec:
+    """A :class:`LayerSpec` with an empty config from ``"package>Class"`` or
+    ``"package.module:Class"``; its label is ``Class``."""
+    if not is_class_reference(text):
+        raise LayerConfigError(
+            f"expected 'package>Class' or 'package.module:Class'; received {text!r}"
+        )
+    return spec_from_dict({"class_name": text.strip(), "config": {}})
+
+
+# ---------------------------------------------------------------------------
+# Placeholders
+# ---------------------------------------------------------------------------
+
+_FUNCTIONS = {
+    "sqrt": math.sqrt,
+    "log2": math.log2,
+    "ceil": math.ceil,
+    "floor": math.floor,
+    "round": round,
+    "int": int,
+    "float": float,
+    "min": min,
+    "max": max,
+    "abs": abs,
+}
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _placeholder_expression(value: Any) -> str | None:
+    """The expression of a ``"${...}"`` string, else ``None``."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("${") and text.endswith("}"):
+            return text[2:-1].strip()
+    return None
+
+
+def evaluate_placeholder(expression: str, variables: Mapping[str, Any]) -> int | float:
+    """Evaluate the arithmetic ``expression`` of a ``"${...}"`` placeholder.
+
+    Args:
+        expression: e.g. ``"max(1, round(sqrt(seq_len)))"``.
+        variables: values of the names it may use
+            (:data:`PLACEHOLDER_VARIABLES`).
+
+    Returns:
+        The number.
+
+    Raises:
+        LayerConfigError: a syntax error, an unknown name or function, or an
+            operation that is not arithmetic.
+    """
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise LayerConfigError(f"invalid placeholder '${{{expression}}}': {exc.msg}") from None
+
+    def fail(detail: str):
+        raise LayerConfigError(f"invalid placeholder '${{{expression}}}': {detail}")
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+                return node.value
+            fail(f"only numbers are allowed, got {node.value!r}")
+        if isinstance(node, ast.Name):
+            if node.id not in variables:
+                fail(f"unknown name {node.id!r}; use {', '.join(sorted(variables))}")
+            return variables[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                fail(f"exponent {right!r} is too large")
+            try:
+                return _BINARY[type(node.op)](left, right)
+            except (ArithmeticError, ValueError) as exc:
+                fail(str(exc))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](value(node.operand))
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
+                fail(f"unknown function; use {', '.join(_FUNCTIONS)}")
+            if node.keywords:
+                fail("keyword arguments are not allowed")
+            try:
+                return _FUNCTIONS[node.func.id](*(value(arg) for arg in node.args))
+            except (ArithmeticError, ValueError, TypeError) as exc:
+                fail(str(exc))
+        fail(f"{type(node).__name__} is not allowed (numbers, names, arithmetic, functions)")
+
+    return value(tree)
+
+
+def substitute_placeholders(value: Any, variables: Mapping[str, Any]) -> Any:
+    """``value`` with every ``"${...}"`` string (in nested dicts and lists too)
+    replaced by its value (see :func:`evaluate_placeholder`)."""
+    expression = _placeholder_expression(value)
+    if expression is not None:
+        return evaluate_placeholder(expression, variables)
+    if isinstance(value, str) and "${" in value:
+        raise LayerConfigError(
+            f"a placeholder must be the whole value, as in \"${{seq_len // 4}}\"; "
+            f"received {value!r}"
+        )
+    if isinstance(value, Mapping):
+        return {key: substitute_placeholders(item, variables) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [substitute_placeholders(item, variables) for item in value]
+    return value
+
+
+def check_placeholders(config: Mapping[str, Any], class_name: str = "layer") -> None:
+    """Evaluate the placeholders of ``config`` with sample values, to report a
+    mistake when the config is given rather than when it is measured."""
+    try:
+        substitute_placeholders(config, _SAMPLE_VARIABLES)
+    except LayerConfigError as exc:
+        raise LayerConfigError(f"config of {class_name!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# One configuration's layer config (plain Python)
+# ---------------------------------------------------------------------------
+
+
+def _as_dict(spec: LayerSpec | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, LayerSpec):
+        return spec.to_dict()
+    return spec_from_dict(spec, label="").to_dict()
+
+
+def resolve_spec(
+    spec: LayerSpec | Mapping[str, Any],
+    *,
+    seq_len: int,
+    num_heads: int,
+    key_dim: int,
+    batch: int = 1,
+    window: int = 256,
+    options: Mapping[str, Any] | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """The layer config that one configuration builds.
+
+    Merges ``options`` into the config (they win), evaluates the
+    placeholders, and fills ``num_heads`` and ``key_dim`` where the config
+    does not set them. Idempotent: resolving a resolved config with the same
+    arguments returns it unchanged.
+
+    Args:
+        spec: a :class:`LayerSpec` or a layer config dict.
+        seq_len: the sequence length.
+        num_heads: the benchmark's number of heads (``--heads``).
+        key_dim: the benchmark's head size (``--head-dim``).
+        batch: the batch size. Defaults to 1.
+        window: the value of ``${window}``. Defaults to 256.
+        options: keyword arguments to set in the config (``--option``).
+            Defaults to none.
+        label: the layer's label, for messages. Defaults to the spec's label.
+
+    Returns:
+        ``{"class_name": ..., "config": {...}}`` (plus ``module`` and
+        ``registered_name`` when the spec has them), JSON-serialisable.
+
+    Raises:
+        LayerConfigError: a bad placeholder, or ``num_heads`` / ``key_dim``
+            set in the config to values other than the benchmark's.
+    """
+    if label is None:
+        label = spec.label if isinstance(spec, LayerSpec) else None
+    data = _as_dict(spec)
+    who = f"layer {label!r}" if label else f"layer {data['class_name']!r}"
+    config = dict(data["config"])
+    if options:
+        config.update(_json_copy(dict(options), f"the options of {who}"))
+    variables = {"seq_len": int(seq_len), "batch": int(batch), "num_heads": int(num_heads),
+                 "key_dim": int(key_dim), "head_dim": int(key_dim), "window": int(window)}
+    try:
+        config = substitute_placeholders(config, variables)
+    except LayerConfigError as exc:
+        raise LayerConfigError(f"{who}: {exc}", layer=label) from None
+    for (key, flag), value in zip(_SHAPE_KEYS, (int(num_heads), int(key_dim))):
+        given = config.get(key)
+        if given is None:
+            config[key] = value
+        elif isinstance(given, bool) or given != value:
+            argument = "num_heads" if key == "num_heads" else "head_dim"
+            raise LayerConfigError(
+                f"{who} sets {key}={given!r} in its config, but the benchmark's "
+                f"{argument} ({flag}) is {value}: the inputs are (batch, seq_len, "
+                f"num_heads * key_dim); drop {key} from the config or pass {flag} {given}",
+                layer=label,
+            )
+    data["config"] = config
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Classes and layers (import Keras)
+# ---------------------------------------------------------------------------
+
+
+def _import(module_name: str, what: str):
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LayerUnavailableError(f"cannot import module {module_name!r} of {what}: {exc}") \
+            from exc
+
+
+def _registered(name: str):
+    """The class registered with Keras as ``name`` (``"package>Class"``)."""
+    import keras
+
+    found = keras.saving.get_registered_object(name)
+    if found is None:
+        # Registration happens on import: the project's layers, then the
+        # module named like the package part of the name.
+        importlib.import_module("keras_longattn.layers")
+        package = name.partition(">")[0]
+        if package and package != "keras_longattn":
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                pass
+        found = keras.saving.get_registered_object(name)
+    if found is None:
+        raise LayerUnavailableError(
+            f"no class is registered with Keras as {name!r}: decorate it with "
+            "keras.saving.register_keras_serializable and make its module importable, "
+            "or give it as 'package.module:Class'"
+        )
+    return found
+
+
+def resolve_class(spec: LayerSpec | Mapping[str, Any]) -> type:
+    """The layer class of a spec (imports its module and Keras).
+
+    ``"package.module:Class"`` is imported; ``"package>Class"`` and a
+    ``registered_name`` are looked up among the Keras-registered objects; a
+    ``module`` with a bare ``class_name`` is imported; a bare class name is
+    looked up in ``keras_longattn.layers``, then ``keras.layers``, then among
+    the registered objects.
+
+    Raises:
+        LayerUnavailableError: the class cannot be imported or found.
+        LayerConfigError: the object found is not a Keras layer class.
+    """
+    import keras
+
+    data = _as_dict(spec)
+    class_name = data["class_name"]
+    module = data.get("module")
+    registered = data.get("registered_name")
+    if ":" in class_name:
+        module_name, _, attribute = class_name.partition(":")
+        obj: Any = _import(module_name, f"layer class {class_name!r}")
+        for part in attribute.split("."):
+            if not hasattr(obj, part):
+                raise LayerUnavailableError(
+                    f"layer class {class_name!r} not found: {module_name!r} has no "
+                    f"attribute {attribute!r}"
+                )
+            obj = getattr(obj, part)
+    elif ">" in class_name:
+        obj = _registered(class_name)
+    else:
+        if module:
+            imported = _import(module, f"layer class {class_name!r}")
+        if registered:
+            obj = _registered(registered)
+        elif module:
+            obj = getattr(imported, class_name, None)
+            if obj is None:
+                raise LayerUnavailableError(
+                    f"layer class {class_name!r} not found in module {module!r}"
+                )
+        else:
+            project = importlib.import_module("keras_longattn.layers")
+            obj = getattr(project, class_name, None) or getattr(keras.layers, class_name, None)
+            if obj is None:
+                obj = keras.saving.get_registered_object(class_name)
+            if obj is None:
+                raise LayerUnavailableError(
+                    f"unknown layer class {class_name!r}: not in keras_longattn.layers nor "
+                    "keras.layers; give it as 'package.module:Class' or as a "
+                    "Keras-registered name 'package>Class'"
+                )
+    if not (isinstance(obj, type) and issubclass(obj, keras.layers.Layer)):
+        raise LayerConfigError(f"{class_name!r} is {obj!r}, not a Keras layer class")
+    return obj
+
+
+def accepted_options(cls: type) -> set[str]:
+    """Keyword arguments that ``cls(...)`` accepts by name.
+
+    Follows ``**kwargs`` up the class hierarchy: the named parameters of every
+    ``__init__`` reached through ``**kwargs`` count (for example ``dropout``
+    of a base class), and so do those of ``keras.layers.Layer`` (``name``,
+    ``dtype``, ``trainable``...).
+    """
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameters = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            break
+        var_keyword = False
+        for param in parameters:
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                var_keyword = True
+            elif param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                inspect.Parameter.KEYWORD_ONLY):
+                names.add(param.name)
+        if not var_keyword:
+            break
+    names.discard("self")
+    return names | _BASE_LAYER_KWARGS
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def check_config(cls: type, config: Mapping[str, Any], label: str | None = None) -> None:
+    """Raise if ``config`` has a key that the constructor of ``cls`` does not accept.
+
+    Raises:
+        LayerConfigError: names the unknown options, the layer and the
+            accepted names (``unknown_options`` lists them).
+    """
+    accepted = accepted_options(cls)
+    unknown = [key for key in config if key not in accepted]
+    if unknown:
+        who = f"layer {label!r} ({_class_path(cls)})" if label else _class_path(cls)
+        plural = "s" if len(unknown) > 1 else ""
+        raise LayerConfigError(
+            f"{who} does not accept the option{plural} "
+            f"{', '.join(map(repr, unknown))}; accepted options: "
+            f"{', '.join(sorted(accepted))}",
+            layer=label,
+            unknown_options=unknown,
+        )
+
+
+def build_layer(spec: LayerSpec | Mapping[str, Any], label: str | None = None):
+    """Build the layer of a resolved spec (see :func:`resolve_spec`).
+
+    Resolves the class (:func:`resolve_class`), checks the config
+    (:func:`check_config`) and deserialises it with
+    ``keras.saving.deserialize_keras_object``, which calls
+    ``cls.from_config(config)``. The layer is not built (no weights).
+
+    Args:
+        spec: a layer config dict or a :class:`LayerSpec`, without
+            placeholders.
+        label: the layer's label, for messages. Defaults to the spec's label.
+
+    Returns:
+        The new layer.
+    """
+    import keras
+
+    if label is None and isinstance(spec, LayerSpec):
+        label = spec.label
+    data = _as_dict(spec)
+    cls = resolve_class(data)
+    check_config(cls, data["config"], label)
+    return keras.saving.deserialize_keras_object(
+        {"class_name": cls.__name__, "config": dict(data["config"])},
+        custom_objects={cls.__name__: cls},
+    )
+
+
+def check_specs(items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Resolve, check and construct resolved layer configs, reporting errors.
+
+    The runner calls this before measuring (in its own process when Keras is
+    imported there already, else in a worker subprocess), so that an unknown
+    class or option is an argument error up front.
+
+    Args:
+        items: dicts ``{"label": ..., "layer_spec": {...}}``.
+
+    Returns:
+        One dict per item: ``label``, ``layer_class`` (``"module.Class"``, or
+        ``None``), ``error`` (the message, or ``None``) and
+        ``unknown_options``.
+    """
+    results = []
+    for item in items:
+        label = item.get("label")
+        result: dict[str, Any] = {"label": label, "layer_class": None, "error": None,
+                                  "unknown_options": []}
+        try:
+            data = _as_dict(item["layer_spec"])
+            cls = resolve_class(data)
+            result["layer_class"] = _class_path(cls)
+            check_config(cls, data["config"], label)
+            build_layer(data, label)
+        except LayerConfigError as exc:
+            result["error"] = str(exc)
+            result["unknown_options"] = exc.unknown_options
+        except Exception as exc:  # noqa: BLE001 - reported as the layer's error
+            text = str(exc)
+            # Keras' from_config puts the cause after the whole config.
+            text = text.rpartition("Exception encountered:")[2]
+            first = (text.strip().splitlines() or [""])[0]
+            result["error"] = f"layer {label!r}: {type(exc).__name__}: {first}"
+        results.append(result)
+    return results
