@@ -503,8 +503,8 @@ class BaseAttention(keras.layers.Layer):
             attention_mask=attention_mask,
             training=training,
             return_scores=bool(return_attention_scores),
-            query_length=query.shape[1],
-            key_length=key.shape[1],
+            query_length=la_ops.length(query, 1),
+            key_length=la_ops.length(key, 1),
         )
         result = self._dispatch(q, k, v, context)
         if context.return_scores:
@@ -583,8 +583,8 @@ class BaseAttention(keras.layers.Layer):
             attention_mask=None,
             training=training,
             return_scores=False,
-            query_length=query.shape[1],
-            key_length=key.shape[1],
+            query_length=la_ops.length(query, 1),
+            key_length=la_ops.length(key, 1),
         )
         return self._dispatch(query, key, value, context)
 

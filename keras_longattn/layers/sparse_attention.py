@@ -217,7 +217,7 @@ class SparseAttention(BaseAttention):
     def head_patterns(self, query_length, key_length, causal):
         """The pattern of each head of a call, a tuple of ``num_heads``
         ``ops.AttentionPattern`` objects."""
-        l = self.resolve_block_length(max(query_length, key_length))
+        l = self.resolve_block_length(la_ops.shapes.larger(query_length, key_length))
         return la_sparse.sparse_head_patterns(
             self.pattern,
             l,
@@ -274,7 +274,7 @@ class SparseAttention(BaseAttention):
 
     def _block_sparse(self, query, key, value, context, fused):
         T, S = context.query_length, context.key_length
-        l = self.resolve_block_length(max(T, S))
+        l = self.resolve_block_length(la_ops.shapes.larger(T, S))
         c = self.resolve_summary_width(l)
         key_mask = context.padding.key_mask
         dropout_fn = self._dropout_fn(context.training)

@@ -33,6 +33,7 @@ from keras_longattn.ops import chunked
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing
 from keras_longattn.ops import segments
+from keras_longattn.ops import shapes
 from keras_longattn.ops import sparse
 from keras_longattn.ops import subset
 from keras_longattn.ops.blocked import block_attention
@@ -65,6 +66,7 @@ from keras_longattn.ops.reference import reference_attention
 from keras_longattn.ops.reference import softmax_with_lse
 from keras_longattn.ops.rotary import apply_rotary
 from keras_longattn.ops.segments import gather_tokens
+from keras_longattn.ops.shapes import length
 from keras_longattn.ops.segments import scatter_mean
 from keras_longattn.ops.segments import segment_sum
 from keras_longattn.ops.sparse import BlockPattern

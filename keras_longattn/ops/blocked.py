@@ -22,6 +22,10 @@ from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import masked_softmax
+from keras_longattn.ops.shapes import ceil_div
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
+from keras_longattn.ops.shapes import length
 
 
 def default_block_size(look_back, look_ahead, length=None):
@@ -42,12 +46,13 @@ def default_block_size(look_back, look_ahead, length=None):
 
 
 def pad_axis(x, axis, new_length, value=0):
-    """Pads ``x`` with ``value`` at the end of ``axis`` up to ``new_length``."""
-    length = x.shape[axis]
-    if length == new_length:
+    """Pads ``x`` with ``value`` at the end of ``axis`` up to ``new_length``
+    (lengths may be scalar tensors while tracing)."""
+    size = length(x, axis)
+    if is_static(size, new_length) and size == new_length:
         return x
     widths = [[0, 0] for _ in range(len(x.shape))]
-    widths[axis] = [0, new_length - length]
+    widths[axis] = [0, new_length - size]
     return _pad(x, widths, value)
 
 
@@ -93,20 +98,17 @@ def blocked_band_attention(
         raise TypeError(f"`pattern` must be an AttentionPattern. Received: {pattern!r}")
     if fused and dropout_fn is not None:
         raise ValueError("`fused=True` does not support attention dropout.")
-    T = query.shape[1]
-    S = key.shape[1]
-    if T is None or S is None:
-        raise ValueError(
-            "Blocked attention needs static sequence lengths. "
-            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-        )
+    T, S = length(query, 1), length(key, 1)
+    longest = larger(T, S)
     H = query.shape[2]
     d = query.shape[3]
     dv = value.shape[3]
     if scale is None:
         scale = 1.0 / float(d) ** 0.5
-    b = block_size or default_block_size(look_back, look_ahead, max(T, S))
-    n = -(-max(T, S) // b)
+    b = block_size or default_block_size(
+        look_back, look_ahead, longest if is_static(longest) else None
+    )
+    n = ceil_div(longest, b)
     N = n * b
     nb = -(-int(look_back) // b)  # key blocks before the query block
     na = -(-int(look_ahead) // b)  # key blocks after the query block
@@ -159,7 +161,7 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
         validity), with ``C = (before + 1 + after) * b``.
     """
     b = block_size
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    N, H, d = length(query, 1), query.shape[2], query.shape[3]
     dv = value.shape[3]
     n = N // b
     C = (before + 1 + after) * b
@@ -185,7 +187,7 @@ def fused_blocks(q, k, v, mask, scale=None):
     boolean ``(B or 1, n, b, C)``. Returns ``(B, n, b, H, dv)``, zeros where
     a query sees no key.
     """
-    n, b, H, d = q.shape[1], q.shape[2], q.shape[3], q.shape[4]
+    n, b, H, d = length(q, 1), q.shape[2], q.shape[3], q.shape[4]
     C, dv = k.shape[2], v.shape[4]
     qf = ops.reshape(q, (-1, b, H, d))  # (B*n, b, H, d)
     kf = ops.reshape(k, (-1, C, H, d))
@@ -287,7 +289,7 @@ def _band(x, before, after, fill=0):
     ``x``: ``(B, n, b, ...)`` -> ``(B, n, (before + 1 + after) * b, ...)``;
     blocks outside the sequence are filled with ``fill``.
     """
-    n = x.shape[1]
+    n = length(x, 1)
     if before == 0 and after == 0:
         return x
     widths = [[0, 0] for _ in range(len(x.shape))]

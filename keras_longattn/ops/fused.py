@@ -18,6 +18,7 @@ head size, dv value head size.
 from keras import ops
 
 from keras_longattn.kernels import backend_ops
+from keras_longattn.ops.shapes import length
 
 
 def fused_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None):
@@ -44,7 +45,7 @@ def fused_dot_product_attention(q, k, v, mask=None, is_causal=False, scale=None)
     out = backend_ops().dot_product_attention(
         q, k, v, mask=mask, is_causal=is_causal, scale=scale
     )
-    visible = visible_rows(mask, is_causal, q.shape[1], k.shape[1])
+    visible = visible_rows(mask, is_causal, length(q, 1), length(k, 1))
     if visible is None:
         return out
     return ops.where(visible, out, ops.zeros_like(out))
@@ -57,7 +58,7 @@ def visible_rows(mask, is_causal, query_length, key_length):
     Args:
         mask: None or boolean rank-4 ``(B|1, H|1, T|1, S)``.
         is_causal: keys after the query are masked too.
-        query_length: T.
+        query_length: T (an int, or a scalar tensor while tracing).
         key_length: S.
     """
     if mask is None:
@@ -70,7 +71,7 @@ def visible_rows(mask, is_causal, query_length, key_length):
             last = ops.minimum(ops.arange(query_length, dtype="int32"), key_length - 1)
             rows = ops.take(seen, last, axis=-1)  # (B|1, H|1, T)
         else:
-            t = ops.arange(mask.shape[2], dtype="int32")[:, None]
+            t = ops.arange(length(mask, 2), dtype="int32")[:, None]
             s = ops.arange(key_length, dtype="int32")[None, :]
             rows = ops.any(ops.logical_and(mask, s <= t), axis=-1)
     else:

@@ -51,6 +51,10 @@ from keras_longattn.ops.patterns import Difference
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import merge_attention_parts
 from keras_longattn.ops.reference import softmax_with_lse
+from keras_longattn.ops.shapes import ceil_div
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
+from keras_longattn.ops.shapes import length
 from keras_longattn.ops.subset import key_subset_attention
 
 #: Values of the ``pattern`` argument.
@@ -292,18 +296,20 @@ def sparse_attention(
             "needs the log-sum-exp of each part)."
         )
     check_sparse_combination(combination)
-    T, S = query.shape[1], key.shape[1]
-    if T is None or S is None:
-        raise ValueError(
-            "Sparse attention needs static sequence lengths. "
-            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-        )
+    T, S = length(query, 1), length(key, 1)
+    longest = larger(T, S)
     H = query.shape[2]
     d = query.shape[3]
     if scale is None:
         scale = 1.0 / float(d) ** 0.5
     if block_length is None:
-        block_length = default_block_length(max(T, S), summary_width)
+        if not is_static(longest):
+            raise ValueError(
+                "Sparse attention derives its default `block_length` from the "
+                "sequence length, which is unknown here: pass block_length=... . "
+                f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+            )
+        block_length = default_block_length(longest, summary_width)
     l = _check_positive_int("block_length", block_length)
     # Validates pattern, block_length and summary_width together.
     first, second = sparse_transformer_patterns(pattern, l, summary_width, causal)
@@ -311,13 +317,13 @@ def sparse_attention(
     if pattern == "fixed":
         c = default_summary_width(l) if summary_width is None else int(summary_width)
 
-    m = -(-max(T, S) // l)
+    m = ceil_div(longest, l)
     N = m * l
     query = ops.multiply(query, ops.cast(scale, query.dtype))
     query = pad_axis(query, 1, N)
     key = pad_axis(key, 1, N)
     value = pad_axis(value, 1, N)
-    valid = ops.convert_to_tensor(np.arange(N)[None, :] < S)  # (1, N)
+    valid = ops.expand_dims(ops.arange(N, dtype="int32") < S, 0)  # (1, N)
     if key_mask is not None:
         km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
         valid = ops.logical_and(valid, km)  # (B or 1, N)
@@ -337,7 +343,7 @@ def sparse_attention(
                 return _fused_fixed_blocks(q, k, v, l, causal), None
             q, k, v, mask = band_blocks(q, k, v, valid, pat, l, before, after)
             out = fused_blocks(q, k, v, mask, scale=1.0)  # queries already scaled
-            return ops.reshape(out, (-1, q.shape[1] * l) + tuple(out.shape[3:])), None
+            return ops.reshape(out, (-1, length(q, 1) * l) + tuple(out.shape[3:])), None
         return _band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
 
     def part_b(q, k, v, pat):
@@ -372,7 +378,7 @@ def sparse_attention(
 def _band_part(query, key, value, valid, pattern, l, before, after, dropout_fn):
     """Each block of ``l`` queries against its own key block and ``before``
     / ``after`` neighbouring blocks (strided A, fixed A). O(N * l)."""
-    N, H, dv = query.shape[1], query.shape[2], value.shape[3]
+    N, H, dv = length(query, 1), query.shape[2], value.shape[3]
     q, k, v, mask = band_blocks(query, key, value, valid, pattern, l, before, after)
     mask = mask[:, :, None]  # (B, m, 1, l, C): the same mask for every head
     # (B, m, l, H, d) x (B, m, C, H, d) -> (B, m, H, l, C)
@@ -390,16 +396,16 @@ def _band_part(query, key, value, valid, pattern, l, before, after, dropout_fn):
 def _column_part(query, key, value, valid, pattern, l, dropout_fn):
     """The padded sequence as ``(m rows, l columns)``; each column attends
     within itself over the rows (strided B). O(N * m)."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    N, H, d = length(query, 1), query.shape[2], query.shape[3]
     dv = value.shape[3]
     m = N // l
     q = ops.reshape(query, (-1, m, l, H, d))  # position r * l + c at [r, c]
     k = ops.reshape(key, (-1, m, l, H, d))
     v = ops.reshape(value, (-1, m, l, H, dv))
     kv_valid = ops.transpose(ops.reshape(valid, (-1, m, l)), (0, 2, 1))  # (B, l, m)
-    pos = np.arange(l, dtype="int32")[:, None] + np.arange(m, dtype="int32") * l  # (l, m)
+    pos = _column_positions(l, m)  # (l, m)
     allowed = pattern.allowed(
-        _positions(pos[None, :, None, :, None]), _positions(pos[None, :, None, None, :])
+        pos[None, :, None, :, None], pos[None, :, None, None, :]
     )  # (1, l, 1, m, m)
     mask = ops.logical_and(allowed, kv_valid[:, :, None, None, :])  # (B, l, 1, m, m)
     # (B, m, l, H, d) x (B, m, l, H, d) -> (B, l, H, m, m)
@@ -419,14 +425,17 @@ _SUMMARY_GROUPS = 8
 def _summary_keys(key, value, valid, l, c):
     """The summary keys (last ``c`` cells of every block), their values,
     validity ``(B or 1, m * c)`` and static positions ``(m * c,)``."""
-    N, H, d = key.shape[1], key.shape[2], key.shape[3]
+    N, H, d = length(key, 1), key.shape[2], key.shape[3]
     dv = value.shape[3]
     m = N // l
     k = ops.reshape(ops.reshape(key, (-1, m, l, H, d))[:, :, l - c :], (-1, m * c, H, d))
     v = ops.reshape(ops.reshape(value, (-1, m, l, H, dv))[:, :, l - c :], (-1, m * c, H, dv))
     kv_valid = ops.reshape(ops.reshape(valid, (-1, m, l))[:, :, l - c :], (-1, m * c))
-    k_pos = np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32")
-    return k, v, kv_valid, k_pos.reshape(-1)
+    if is_static(m):
+        k_pos = np.arange(m, dtype="int32")[:, None] * l + np.arange(l - c, l, dtype="int32")
+    else:
+        k_pos = ops.arange(m, dtype="int32")[:, None] * l + ops.arange(l - c, l, dtype="int32")
+    return k, v, kv_valid, ops.reshape(k_pos, (-1,)) if not is_static(m) else k_pos.reshape(-1)
 
 
 def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn=None, causal=True,
@@ -435,7 +444,7 @@ def _summary_part(query, key, value, valid, pattern, l, c, dropout_fn=None, caus
     block (fixed B), in the query groups of :func:`_summary_groups`
     (queries already scaled). O(N * m * c); returns ``(out, lse)`` (lse
     None when fused)."""
-    m = query.shape[1] // l
+    m = length(query, 1) // l
     k, v, kv_valid, k_pos = _summary_keys(key, value, valid, l, c)
     groups = [
         (first * l, end * l, read * c) for first, end, read in _summary_groups(m, causal)
@@ -451,8 +460,8 @@ def _summary_groups(m, causal):
     blocks read)`` each. Causal: up to 8 groups of whole blocks, each
     reading the summaries up to its own last block (about 56% of the
     summary scores); bidirectional: one group reading every summary."""
-    if not causal:
-        return [(0, m, m)]
+    if not causal or not is_static(m):
+        return [(0, m, m)]  # an unknown length: one group, masks decide
     groups = min(_SUMMARY_GROUPS, m)
     bounds = [round(g * m / groups) for g in range(groups + 1)]
     return [(bounds[g], bounds[g + 1], bounds[g + 1]) for g in range(groups)]
@@ -469,7 +478,7 @@ def _dot_product_attention(q, k, v, mask=None, is_causal=False):
 def _fused_fixed_blocks(query, key, value, l, causal):
     """Fixed A without padding: each block of ``l`` attends within itself,
     causally or not, with no explicit mask."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    N, H, d = length(query, 1), query.shape[2], query.shape[3]
     dv = value.shape[3]
     q = ops.reshape(query, (-1, l, H, d))
     k = ops.reshape(key, (-1, l, H, d))
@@ -482,7 +491,7 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
     """Strided B: each column of the ``(m, l)`` view attends within itself
     over the ``m`` rows; plain causal (or full) attention when no key is
     padded."""
-    N, H, d = query.shape[1], query.shape[2], query.shape[3]
+    N, H, d = length(query, 1), query.shape[2], query.shape[3]
     dv = value.shape[3]
     m = N // l
 
@@ -495,10 +504,8 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
         out = _dot_product_attention(q, k, v, is_causal=causal)
     else:
         kv_valid = ops.transpose(ops.reshape(valid, (-1, m, l)), (0, 2, 1))  # (B, l, m)
-        pos = np.arange(l, dtype="int32")[:, None] + np.arange(m, dtype="int32") * l
-        allowed = pattern.allowed(
-            _positions(pos[None, :, :, None]), _positions(pos[None, :, None, :])
-        )  # (1, l, m, m)
+        pos = _column_positions(l, m)
+        allowed = pattern.allowed(pos[None, :, :, None], pos[None, :, None, :])  # (1, l, m, m)
         mask = ops.logical_and(allowed, kv_valid[:, :, None, :])  # (B, l, m, m)
         batch = ops.shape(query)[0]
         mask = ops.reshape(ops.broadcast_to(mask, (batch, l, m, m)), (-1, 1, m, m))
@@ -507,8 +514,13 @@ def _fused_column_part(query, key, value, valid, pattern, l, causal, all_valid):
     return ops.reshape(out, (-1, N, H, dv))
 
 
-def _positions(array):
-    return ops.convert_to_tensor(array, dtype="int32")
+def _column_positions(l, m):
+    """int32 ``(l, m)``: the position ``r * l + c`` of row ``r``, column
+    ``c`` of the ``(m, l)`` view (a constant when ``m`` is static)."""
+    if is_static(m):
+        pos = np.arange(l, dtype="int32")[:, None] + np.arange(m, dtype="int32") * l
+        return ops.convert_to_tensor(pos, dtype="int32")
+    return ops.arange(l, dtype="int32")[:, None] + ops.arange(m, dtype="int32") * l
 
 
 # ---------------------------------------------------------------- helpers

@@ -22,6 +22,8 @@ from keras import ops
 
 from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.reference import softmax_with_lse
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import length
 
 #: Above this many scores per example in one query group, the explicit form
 #: recomputes the group's attention in the backward pass (keras.remat)
@@ -69,19 +71,23 @@ def key_subset_attention(
     """
     if fused and dropout_fn is not None:
         raise ValueError("`fused=True` does not support attention dropout.")
-    T, H, d = query.shape[1], query.shape[2], query.shape[3]
-    K = keys.shape[1]
+    T, H, d = length(query, 1), query.shape[2], query.shape[3]
+    K = length(keys, 1)
     if scale is None:
         scale = 1.0 / float(d) ** 0.5
     if query_groups is None:
         query_groups = [(0, T, K)]
-    key_positions = np.asarray(key_positions, dtype="int32")
+    if not hasattr(key_positions, "dtype") or isinstance(key_positions, np.ndarray):
+        key_positions = np.asarray(key_positions, dtype="int32")
     outs, lses = [], []
     for start, stop, read in query_groups:
-        q_pos = np.arange(start, stop, dtype="int32")
+        if is_static(start, stop):
+            q_pos = ops.convert_to_tensor(np.arange(start, stop, dtype="int32"))
+        else:
+            q_pos = ops.arange(start, stop, dtype="int32")
+        k_pos = ops.convert_to_tensor(key_positions, dtype="int32")[:read]
         allowed = pattern.allowed(
-            ops.convert_to_tensor(q_pos[None, None, :, None]),
-            ops.convert_to_tensor(key_positions[None, None, None, :read]),
+            q_pos[None, None, :, None], k_pos[None, None, None, :]
         )  # (1, 1, Tg, read)
         mask = ops.logical_and(allowed, ops.cast(key_valid, "bool")[:, None, None, :read])
         q = query[:, start:stop]
@@ -104,7 +110,11 @@ def key_subset_attention(
             # (B, H, Tg, read) x (B, read, H, dv) -> (B, Tg, H, dv)
             return ops.einsum("bhqk,bkhd->bqhd", probs, v), lse
 
-        if dropout_fn is None and (stop - start) * read * H > REMAT_SCORES:
+        if (
+            dropout_fn is None
+            and is_static(start, stop, read)
+            and (stop - start) * read * H > REMAT_SCORES
+        ):
             attend = keras.remat(attend)
         out, lse = attend(q, keys[:, :read], values[:, :read])
         outs.append(out)
