@@ -1,6 +1,7 @@
 """Routing attention (Routing Transformer, Roy et al. 2021): content-based
 sparse attention inside k-means clusters, with optional local heads."""
 
+import dataclasses
 import math
 import numbers
 
@@ -317,7 +318,10 @@ class RoutingAttention(BaseAttention):
     # ---------------------------------------------------------------- windows
     def routing_window(self, length):
         """Members per cluster (or chunk) for a sequence of ``length``: the
-        window, capped at the length."""
+        window, capped at the length (not capped while tracing an unknown
+        length: the call is then padded to at least the window)."""
+        if not isinstance(length, int):
+            return self.window
         if self.window is not None:
             return max(1, min(self.window, int(length)))
         k = self.num_clusters or 1  # before build, or without routing heads
@@ -335,20 +339,16 @@ class RoutingAttention(BaseAttention):
         ``(B, T|S, Hr, d)``. With ``nearest=False`` the nearest centroids are
         only computed where they are used (training, commitment loss, token
         routing)."""
-        T, S = query.shape[1], key.shape[1]
-        if T is None or S is None:
-            raise ValueError(
-                "RoutingAttention needs static sequence lengths. "
-                f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-            )
-        if self.shared_qk and T != S:
+        T, S = la_ops.length(query, 1), la_ops.length(key, 1)
+        static = la_ops.shapes.is_static(T, S)
+        if self.shared_qk and static and T != S:
             raise ValueError(
                 "`shared_qk=True` needs a self-attention call (as many keys "
                 f"as queries). Received: query length {T}, key length {S}"
             )
         k = self.num_clusters
         balanced = not (context.causal and self.causal_routing == "token")
-        if balanced and k > min(T, S):
+        if balanced and static and k > min(T, S):
             raise ValueError(
                 "Balanced routing needs `num_clusters` <= the (padded) "
                 "sequence length, so that every cluster can take a token. "
@@ -366,7 +366,7 @@ class RoutingAttention(BaseAttention):
         if balanced:
             window, key_window = self.routing_window(T), self.routing_window(S)
         else:
-            window = key_window = self.routing_window(max(T, S))
+            window = key_window = self.routing_window(la_ops.shapes.larger(T, S))
         routing = kmeans.route(
             query,
             key,
@@ -405,14 +405,21 @@ class RoutingAttention(BaseAttention):
         return self._clustered(query, key, value, context, fused=True)
 
     def _clustered(self, query, key, value, context, fused):
-        T, S = query.shape[1], key.shape[1]
+        if not la_ops.shapes.is_static(context.query_length, context.key_length):
+            return self._at_least_window(
+                self._clustered_core, query, key, value, context, fused
+            )
+        return self._clustered_core(query, key, value, context, fused)
+
+    def _clustered_core(self, query, key, value, context, fused):
+        T, S = context.query_length, context.key_length
         dropout_fn = self._dropout_fn(context.training)
         scale = self._inverse_sqrt_key_dim
         q_loc, q_rt = self._split_heads(query)
         k_loc, k_rt = self._split_heads(key)
         v_loc, v_rt = self._split_heads(value)
         parts = []
-        window = self.routing_window(max(T, S))
+        window = self.routing_window(la_ops.shapes.larger(T, S))
         if self.routing_heads:
             routing = self._route(q_rt, k_rt, context, nearest=False)
             window = routing.window
@@ -465,14 +472,19 @@ class RoutingAttention(BaseAttention):
 
     def _attention_reference(self, query, key, value, context):
         """Dense attention under the same clusters (see the class docstring)."""
-        T, S = query.shape[1], key.shape[1]
+        if not la_ops.shapes.is_static(context.query_length, context.key_length):
+            return self._at_least_window(self._reference_core, query, key, value, context)
+        return self._reference_core(query, key, value, context)
+
+    def _reference_core(self, query, key, value, context):
+        T, S = context.query_length, context.key_length
         q_loc, q_rt = self._split_heads(query)
         k_loc, k_rt = self._split_heads(key)
         extra = la_ops.combine_dense_masks(
             context.padding.dense_mask(T, S), context.attention_mask
         )  # (B, T, S) or None
         extra = None if extra is None else ops.expand_dims(extra, 1)
-        window = self.routing_window(max(T, S))
+        window = self.routing_window(la_ops.shapes.larger(T, S))
         routing = None
         if self.routing_heads:
             routing = self._route(q_rt, k_rt, context, nearest=False)
@@ -507,6 +519,47 @@ class RoutingAttention(BaseAttention):
         if context.return_scores:
             return out, weights
         return out
+
+    def _at_least_window(self, fn, query, key, value, context, *args):
+        """Runs ``fn`` on a call whose lengths are unknown while tracing:
+        padded (as padding) to at least the window, so that every cluster can
+        take ``window`` members; the padding is cut from the result."""
+        T, S = context.query_length, context.key_length
+        w = self.window
+        Tp, Sp = la_ops.shapes.larger(T, w), la_ops.shapes.larger(S, w)
+        padding = context.padding
+
+        def extend(mask, n, n_padded):
+            real = ops.expand_dims(ops.arange(n_padded, dtype="int32") < n, 0)
+            if mask is None:
+                return real
+            mask = la_ops.pad_axis(ops.cast(mask, "int32"), 1, n_padded)
+            return ops.logical_and(real, ops.cast(mask, "bool"))
+
+        dense = context.attention_mask
+        if dense is not None:
+            dense = la_ops.pad_axis(ops.cast(dense, "int32"), 1, Tp)
+            dense = ops.cast(la_ops.pad_axis(dense, 2, Sp), "bool")
+        padded = dataclasses.replace(
+            context,
+            padding=la_ops.PaddingMask(
+                extend(padding.query_mask, T, Tp), extend(padding.key_mask, S, Sp)
+            ),
+            attention_mask=dense,
+            query_length=Tp,
+            key_length=Sp,
+        )
+        result = fn(
+            la_ops.pad_axis(query, 1, Tp),
+            la_ops.pad_axis(key, 1, Sp),
+            la_ops.pad_axis(value, 1, Sp),
+            padded,
+            *args,
+        )
+        if isinstance(result, tuple):
+            out, scores = result
+            return out[:, :T], scores[:, :, :T, :S]
+        return result[:, :T]
 
     # ------------------------------------------------------------ inspection
     def compute_clusters(

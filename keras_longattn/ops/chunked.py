@@ -35,6 +35,9 @@ from keras_longattn.ops.segments import gather_tokens
 from keras_longattn.ops.segments import row_bincount
 from keras_longattn.ops.segments import static_dim
 from keras_longattn.ops.segments import take_rows
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
+from keras_longattn.ops.shapes import length
 
 
 def sorted_chunk_layout(item_buckets, item_keys, num_buckets, window):
@@ -61,7 +64,7 @@ def sorted_chunk_layout(item_buckets, item_keys, num_buckets, window):
     """
     k = int(num_buckets)
     w = int(window)
-    N = item_buckets.shape[-1]
+    N = length(item_buckets, -1)
     item_buckets = ops.cast(item_buckets, "int32")
     order = ops.cast(ops.argsort(item_keys, axis=-1), "int32")  # (B, H, N)
     sorted_buckets = ops.take_along_axis(item_buckets, order, axis=-1)
@@ -160,14 +163,14 @@ def sorted_chunk_attention(
     """
     if fused and dropout_fn is not None:
         raise ValueError("`fused=True` does not support attention dropout.")
-    T, S = query.shape[1], key.shape[1]
+    T, S = length(query, 1), length(key, 1)
     H = query.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
     w = int(window)
     query_buckets = ops.cast(query_buckets, "int32")
     if shared:
-        if T != S:
+        if is_static(T, S) and T != S:
             raise ValueError(
                 "Shared query/key routing needs as many keys as queries. "
                 f"Received: query length {T}, key length {S}"
@@ -181,7 +184,7 @@ def sorted_chunk_attention(
         is_key = is_query = layout["filled"]
     else:
         key_buckets = ops.cast(key_buckets, "int32")
-        P = max(T, S)
+        P = larger(T, S)
         item_buckets = ops.concatenate([query_buckets, key_buckets], axis=-1)
         q_pos = ops.arange(T, dtype="int32")
         k_pos = ops.arange(S, dtype="int32")
@@ -197,7 +200,7 @@ def sorted_chunk_attention(
         k_rows = ops.clip(src - T, 0, S - 1)
         is_key = ops.logical_and(layout["filled"], ops.logical_not(is_q_item))
         is_query = ops.logical_and(layout["filled"], is_q_item)
-    L = src.shape[-1]
+    L = length(src, -1)
     G = L // w
     cluster = layout["cluster"]
 
@@ -310,9 +313,9 @@ def _sorted_chunks_fused(
     Returns:
         ``(B, T, H, dv)``.
     """
-    T, H, d = query.shape[1], query.shape[2], query.shape[3]
-    S, dv = key.shape[1], value.shape[3]
-    G, w2 = k_rows.shape[2], k_rows.shape[3]
+    T, H, d = length(query, 1), query.shape[2], query.shape[3]
+    S, dv = length(key, 1), value.shape[3]
+    G, w2 = length(k_rows, 2), k_rows.shape[3]
     w = w2 // 2
     L = G * w
     batch = static_dim(query, 0)
@@ -379,7 +382,7 @@ def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=Fa
     k = int(num_buckets)
     w = int(window)
     cq = ops.cast(query_buckets, "int32")
-    T = cq.shape[-1]
+    T = length(cq, -1)
     t_pos = ops.arange(T, dtype="int32")
     if shared:
         same = ops.equal(cq[..., :, None], cq[..., None, :])  # (B, H, T, T)
@@ -390,7 +393,7 @@ def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=Fa
         S = T
     else:
         ck = ops.cast(key_buckets, "int32")
-        S = ck.shape[-1]
+        S = length(ck, -1)
         s_pos = ops.arange(S, dtype="int32")
         qq = ops.equal(cq[..., :, None], cq[..., None, :])  # (B, H, T, T)
         qk = ops.equal(cq[..., :, None], ck[..., None, :])  # (B, H, T, S)

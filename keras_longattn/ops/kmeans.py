@@ -134,7 +134,7 @@ def balanced_assignment(similarity, window, valid=None, clusters_last=False):
     token_axis = 2 if clusters_last else 3
     n = similarity.shape[token_axis]
     window = int(window)
-    if not 1 <= window <= n:
+    if window < 1 or (n is not None and window > n):
         raise ValueError(
             f"`window` must be in [1, {n}] for a sequence of length {n}. "
             f"Received: window={window}"

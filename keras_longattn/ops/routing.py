@@ -35,6 +35,7 @@ from keras_longattn.ops.reference import masked_softmax
 from keras_longattn.ops.segments import gather_flags
 from keras_longattn.ops.segments import gather_tokens
 from keras_longattn.ops.segments import scatter_mean
+from keras_longattn.ops.shapes import length
 
 
 # ------------------------------------------------- balanced cluster blocks
@@ -81,7 +82,7 @@ def balanced_cluster_attention(
     Returns:
         ``(B, T, H, dv)``.
     """
-    T = query.shape[1]
+    T = length(query, 1)
     if scale is None:
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
     qg = gather_tokens(query, query_indices)  # (B, H, k, wq, d)
@@ -131,7 +132,7 @@ def balanced_cluster_weights(
     Returns:
         float32 weights ``(B, H, T, S)``.
     """
-    T, S = query.shape[1], key.shape[1]
+    T, S = length(query, 1), length(key, 1)
     num_clusters = query_indices.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
@@ -202,7 +203,7 @@ def routing_reference_weights(
     O(T * S) (O(k * T * S) for balanced routing): the specification."""
     weights = []
     if local_extents is not None:
-        T, S = q_loc.shape[1], k_loc.shape[1]
+        T, S = length(q_loc, 1), length(k_loc, 1)
         mask = LocalPattern(*local_extents).dense_mask(T, S)[None, None]
         mask = combine_dense_masks(mask, extra)
         scores = ops.einsum(
@@ -223,7 +224,7 @@ def routing_reference_weights(
             )
         )
     elif mode == "token":
-        T, S = q_rt.shape[1], keys.shape[1]
+        T, S = length(q_rt, 1), length(keys, 1)
         mask = sorted_chunk_mask(
             query_clusters, key_clusters, num_clusters, window, shared=shared
         )

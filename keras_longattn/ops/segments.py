@@ -11,6 +11,20 @@ Shape legend: B batch, n sequence length, H heads, d head size.
 from keras import ops
 
 from keras_longattn.kernels import backend_ops
+from keras_longattn.ops.shapes import length
+
+
+def dims(x):
+    """The shape of ``x``: ints where static, scalar tensors elsewhere."""
+    dynamic = None
+    result = []
+    for i, size in enumerate(x.shape):
+        if size is None:
+            if dynamic is None:
+                dynamic = ops.shape(x)
+            size = dynamic[i]
+        result.append(size)
+    return tuple(result)
 
 
 def static_dim(x, axis):
@@ -61,8 +75,8 @@ def gather_tokens(x, indices):
     Returns:
         ``(B, H, ..., d)``.
     """
-    shape = tuple(indices.shape)
-    H, n, d = shape[1], x.shape[1], x.shape[3]
+    shape = dims(indices)
+    H, n, d = shape[1], length(x, 1), x.shape[3]
     # One row gather from the flattened tokens, whose gradient is an indexed
     # add (take_along_axis would broadcast the indices to (..., d) instead).
     flat = flat_token_ids(indices, ops.shape(x)[0], H, n)
@@ -73,11 +87,8 @@ def gather_tokens(x, indices):
 def gather_flags(x, indices):
     """Gathers per-token scalars: ``x`` ``(B or 1, H or 1, n)``, ``indices``
     ``(B, H, ...)`` -> int32 ``(B, H, ...)``."""
-    shape = tuple(indices.shape)
-    size = 1
-    for s in shape[2:]:
-        size *= int(s)
-    flat = ops.reshape(indices, (-1, shape[1], size))
+    shape = dims(indices)
+    flat = ops.reshape(indices, (ops.shape(indices)[0], shape[1], -1))
     x = ops.cast(x, "int32")
     if x.shape[1] == 1 and shape[1] != 1:
         x = ops.repeat(x, shape[1], axis=1)
