@@ -10,7 +10,7 @@ from keras import ops
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
-from keras_longattn.layers.implementation import collect_implementations
+from keras_longattn.layers.dispatch import collect_implementations
 
 try:  # Keras keeps this helper private; fall back to the attribute.
     from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask

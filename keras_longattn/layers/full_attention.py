@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
-from keras_longattn.layers.implementation import implementation
+from keras_longattn.layers.dispatch import implementation
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")

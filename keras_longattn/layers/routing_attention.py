@@ -14,8 +14,8 @@ from keras_longattn import ops as la_ops
 from keras_longattn.kernels import compiled
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
-from keras_longattn.layers.implementation import implementation
-from keras_longattn.layers.implementation import is_training
+from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing as routing_ops
 
@@ -142,8 +142,9 @@ class RoutingAttention(BaseAttention):
         window: members per cluster (balanced) or per chunk (token routing),
             capped at each call's length. Defaults to ``None``: fixed when
             the layer is built, as ``ceil(n / num_clusters)`` of the longer
-            sequence ``n`` it is built with (which must then be known); the
-            resolved value is what ``get_config`` reports. Fixed at build so
+            sequence ``n`` it is built with (or of its first call, when it is
+            built without a known length); the resolved value is what
+            ``get_config`` reports. Fixed at build so
             that an example's output never depends on how much padding its
             batch has.
         local_heads: how many heads (the first ones) do local attention,
@@ -292,17 +293,8 @@ class RoutingAttention(BaseAttention):
                     f"length). Received: num_clusters=None, query.shape={query_shape}"
                 )
             self.num_clusters = max(1, int(round(math.sqrt(int(n)))))
-        if self.window is None:
-            if not known:
-                raise ValueError(
-                    "RoutingAttention fixes its default `window` "
-                    "(ceil(n / num_clusters)) when it is built, and the sequence "
-                    "length is not known then. Pass window=... . Received: "
-                    f"window=None, query.shape={query_shape}, key.shape={key_shape}"
-                )
-            n = max(int(n) for n in lengths)
-            k = self.num_clusters or max(1, int(round(math.sqrt(n))))
-            self.window = max(1, -(-n // k))
+        if self.window is None and known:
+            self.window = self._default_window(max(int(n) for n in lengths))
         if self.routing_heads == 0:
             return
         self._centroid_layer = _Centroids(
@@ -316,16 +308,28 @@ class RoutingAttention(BaseAttention):
         self._centroid_layer.build()
 
     # ---------------------------------------------------------------- windows
+    def _default_window(self, n):
+        k = self.num_clusters or max(1, int(round(math.sqrt(n))))
+        return max(1, -(-int(n) // k))
+
     def routing_window(self, length):
         """Members per cluster (or chunk) for a sequence of ``length``: the
         window, capped at the length (not capped while tracing an unknown
-        length: the call is then padded to at least the window)."""
+        length: the call is then padded to at least the window). A layer
+        built without a known length fixes its default window at its first
+        call."""
+        if self.window is None:
+            if not isinstance(length, int):
+                raise ValueError(
+                    "RoutingAttention fixes its default `window` "
+                    "(ceil(n / num_clusters)) from the first known sequence "
+                    "length, and this call's length is unknown (traced with a "
+                    "variable length). Pass window=... . Received: window=None"
+                )
+            self.window = self._default_window(length)
         if not isinstance(length, int):
             return self.window
-        if self.window is not None:
-            return max(1, min(self.window, int(length)))
-        k = self.num_clusters or 1  # before build, or without routing heads
-        return max(1, -(-int(length) // k))
+        return max(1, min(self.window, int(length)))
 
     def _local_extents(self, causal, window):
         w = self.local_window or window

@@ -7,7 +7,7 @@ from keras import ops
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
-from keras_longattn.layers.implementation import implementation
+from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import sparse as la_sparse
 
 
@@ -72,7 +72,8 @@ class SparseAttention(BaseAttention):
         pattern: ``"strided"`` or ``"fixed"``. Defaults to ``"strided"``.
         block_length: ``l``, the stride (strided) or block length (fixed).
             Defaults to ``None``: fixed when the layer is built, from the
-            sequence lengths it is built with (which must then be known),
+            sequence lengths it is built with (or at its first call when it
+            is built without a known length),
             as the integer nearest to ``sqrt(max(T, S))`` (halves round up),
             at least 2 and, when ``summary_width`` is given, at least
             ``summary_width + 1``
@@ -184,26 +185,29 @@ class SparseAttention(BaseAttention):
 
     # ------------------------------------------------------------- patterns
     def build_extra(self, query_shape, value_shape, key_shape):
-        if self.block_length is not None:
-            return
-        n = None if query_shape[1] is None or key_shape[1] is None else max(
-            int(query_shape[1]), int(key_shape[1])
-        )
-        if n is None:
-            raise ValueError(
-                "SparseAttention fixes its default `block_length` (about the "
-                "square root of the sequence length) when it is built, and the "
-                "sequence length is not known then. Pass block_length=... . "
-                f"Received: block_length=None, query.shape={query_shape}, "
-                f"key.shape={key_shape}"
+        if self.block_length is None and None not in (query_shape[1], key_shape[1]):
+            self.block_length = la_sparse.default_block_length(
+                max(int(query_shape[1]), int(key_shape[1])), self.summary_width
             )
-        self.block_length = la_sparse.default_block_length(n, self.summary_width)
 
     def resolve_block_length(self, length):
-        """``l`` of a call whose longer sequence has ``length`` positions."""
+        """``l`` of a call whose longer sequence has ``length`` positions: the
+        block length, which a layer built without a known length fixes at
+        its first call."""
         if self.block_length is not None:
             return self.block_length
-        return la_sparse.default_block_length(length, self.summary_width)
+        if not isinstance(length, int):
+            raise ValueError(
+                "SparseAttention fixes its default `block_length` (about the "
+                "square root of the sequence length) from the first known "
+                "sequence length, and this call's length is unknown (traced "
+                "with a variable length). Pass block_length=... . Received: "
+                "block_length=None"
+            )
+        if not self.built:
+            return la_sparse.default_block_length(length, self.summary_width)
+        self.block_length = la_sparse.default_block_length(length, self.summary_width)
+        return self.block_length
 
     def resolve_summary_width(self, block_length):
         """``c`` of a call with block length ``block_length`` (None for

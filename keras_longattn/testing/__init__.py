@@ -7,3 +7,4 @@ extra).
 from keras_longattn.testing.conformance import AttentionLayerConformance
 from keras_longattn.testing.conformance import rel_error
 from keras_longattn.testing.gradients import input_gradient
+from keras_longattn.testing.references import sorted_chunk_mask_loop

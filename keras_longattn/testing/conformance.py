@@ -465,7 +465,7 @@ class AttentionLayerConformance:
         """Every call runs exactly one path, and ``last_implementation``
         names it: inference, attention dropout in training (a path without
         dropout must refuse, never fall back inside) and scores."""
-        from keras_longattn.layers.implementation import Implementation
+        from keras_longattn.layers.dispatch import Implementation
 
         ran = []
         original_run = Implementation.run

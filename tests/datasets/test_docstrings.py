@@ -10,7 +10,7 @@ from keras_longattn.datasets import matching
 from keras_longattn.datasets import pathfinder
 from keras_longattn.datasets import recall
 from keras_longattn.datasets import text
-from tests.datasets.conftest import WIKI_PATH
+from keras_longattn.testing.data import WIKI_PATH
 
 NEEDS_WIKI = (text, matching)
 

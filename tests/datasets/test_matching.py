@@ -6,7 +6,7 @@ import pytest
 from keras_longattn.datasets import load_wiki_articles
 from keras_longattn.datasets import make_document_matching
 from keras_longattn.datasets import wiki_article_splits
-from tests.datasets.conftest import requires_wiki
+from keras_longattn.testing.data import requires_wiki
 
 pytestmark = requires_wiki
 

@@ -18,8 +18,8 @@ from keras_longattn.datasets import load_wiki_articles
 from keras_longattn.datasets import load_wiki_sample
 from keras_longattn.datasets import wiki_sample_path
 from keras_longattn.datasets import text as text_module
-from tests.datasets.conftest import WIKI_PATH
-from tests.datasets.conftest import requires_wiki
+from keras_longattn.testing.data import WIKI_PATH
+from keras_longattn.testing.data import requires_wiki
 
 SIZES = dict(train_size=200, valid_size=30, test_size=20)
 

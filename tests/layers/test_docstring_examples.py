@@ -21,7 +21,7 @@ MODULES = [
     "keras_longattn.ops.chunked",
     "keras_longattn.ops.routing",
     "keras_longattn.ops.sparse",
-    "keras_longattn.layers.implementation",
+    "keras_longattn.layers.dispatch",
     "keras_longattn.kernels",
 ]
 

@@ -17,7 +17,7 @@ from keras_longattn.layers.routing_attention import RoutingAttention
 from keras_longattn.testing import AttentionLayerConformance
 from keras_longattn.testing import rel_error
 from keras_longattn.testing.gradients import input_gradient
-from tests.ops.test_routing import _timeline_mask
+from keras_longattn.testing import sorted_chunk_mask_loop
 
 BACKEND = keras.backend.backend()
 
@@ -103,7 +103,7 @@ def numpy_reference(layer, query, value, use_causal_mask=False, query_mask=None,
             else:
                 cq = to_np(cl["query_clusters"])[b, r]
                 ck = to_np(cl["key_clusters"])[b, r]
-                m = _timeline_mask(cq, ck, layer.num_clusters, window, shared)
+                m = sorted_chunk_mask_loop(cq, ck, layer.num_clusters, window, shared)
                 m &= ok[b][None]
                 if shared:
                     m = _self_rule(m)
@@ -533,15 +533,19 @@ def test_bad_call_arguments():
         RoutingAttention(num_heads=2, key_dim=8)(inp, inp)
 
 
-def test_default_num_clusters_is_fixed_at_build_and_reported():
+def test_default_num_clusters_and_window_are_fixed_at_build_and_reported():
     layer = RoutingAttention(num_heads=2, key_dim=8)
     assert layer.get_config()["num_clusters"] is None
+    assert layer.get_config()["window"] is None
     x = _x(T=37)
     layer(x, x)
     assert layer.num_clusters == 6  # round(sqrt(37))
     assert layer.get_config()["num_clusters"] == 6
     assert tuple(layer.centroids.shape) == (2, 6, 8)
-    assert layer.routing_window(37) == 7 and layer.routing_window(100) == 17
+    # ceil(37 / 6) = 7, fixed: a longer (padded) call keeps it.
+    assert layer.get_config()["window"] == 7
+    assert layer.routing_window(37) == 7 and layer.routing_window(100) == 7
+    assert layer.routing_window(5) == 5  # capped at the length
     local_only = RoutingAttention(num_heads=2, key_dim=8, local_heads=2)
     local_only(x, x)
     assert local_only.centroids is None

@@ -15,6 +15,7 @@ from keras_longattn.ops import patterns as P
 from keras_longattn.ops import routing as R
 from keras_longattn.ops import segments as SG
 from keras_longattn.testing import rel_error
+from keras_longattn.testing import sorted_chunk_mask_loop
 
 
 def _rand(*shape, seed=0):
@@ -130,33 +131,6 @@ def test_balanced_attention_equals_dense_weights(causal, exclude_self):
     assert np.all((np.abs(sums - 1) < 1e-5) | (sums == 0))
 
 
-def _timeline_mask(cq, ck, k, w, shared):
-    """Brute force: per cluster, members in position order (a key before the
-    query of its position), chunks of w members, a query sees the keys of its
-    own and the previous chunk that are not after it."""
-    T, S = len(cq), len(ck)
-    mask = np.zeros((T, S), bool)
-    for c in range(k):
-        if shared:
-            items = [(t, "qk") for t in range(T) if cq[t] == c]
-        else:
-            items = [(j, "k") for j in range(S) if ck[j] == c]
-            items += [(t, "q") for t in range(T) if cq[t] == c]
-            items.sort(key=lambda it: (it[0], it[1] == "q"))
-        chunk = {}
-        for r, it in enumerate(items):
-            chunk[it] = r // w
-        for qi_ in items:
-            if "q" not in qi_[1]:
-                continue
-            for ki_ in items:
-                if "k" not in ki_[1]:
-                    continue
-                if ki_[0] <= qi_[0] and chunk[qi_] - 1 <= chunk[ki_] <= chunk[qi_]:
-                    mask[qi_[0], ki_[0]] = True
-    return mask
-
-
 @pytest.mark.parametrize("shared", [False, True])
 def test_clustered_window_mask_matches_brute_force(shared):
     rng = np.random.default_rng(0)
@@ -167,7 +141,7 @@ def test_clustered_window_mask_matches_brute_force(shared):
     for b in range(B):
         for h in range(H):
             np.testing.assert_array_equal(
-                mask[b, h], _timeline_mask(cq[b, h], ck[b, h], k, w, shared)
+                mask[b, h], sorted_chunk_mask_loop(cq[b, h], ck[b, h], k, w, shared)
             )
 
 
