@@ -289,7 +289,7 @@ def _sorted_chunks_fused(
     query, key, value, q_rows, is_query, k_rows, col_ok, band, is_self, slot, placed,
     scale,
 ):
-    """The chunks of :func:`clustered_window_attention` through
+    """The chunks of :func:`sorted_chunk_attention` through
     :func:`~keras_longattn.ops.fused.fused_dot_product_attention`.
 
     Gathers each chunk's queries ``(w)`` and context keys ``(2w)`` straight
@@ -374,7 +374,7 @@ def _sorted_chunks_fused(
 
 @compiled(("num_buckets", "window", "shared"))
 def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=False):
-    """Dense boolean ``(B, H, T, S)`` mask of :func:`clustered_window_attention`
+    """Dense boolean ``(B, H, T, S)`` mask of :func:`sorted_chunk_attention`
     (without the self rule of ``shared``), from ranks counted densely.
 
     O(T * S): for the reference path and tests.
