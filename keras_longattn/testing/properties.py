@@ -184,7 +184,7 @@ def weight_gradients(layer, fn):
         originals = [v.value for v in variables]
 
         def loss_of(values):
-            # Swap the traced values in (StatelessScope), call, swap back.
+            # The traced values stand in for the variables (StatelessScope).
             from keras.src.backend.common.stateless_scope import StatelessScope
 
             mapping = list(zip(variables, values)) + list(
@@ -361,6 +361,14 @@ class AttentionLayerProperties:
         :attr:`jit_on_jax`)."""
         return call_layer(layer, query, value, jit=self.jit_on_jax, **kwargs)
 
+    def _record(self, test):
+        """Appends "<class> <test> <backend>" to the file named by
+        ``KERAS_LONGATTN_PROPERTY_LOG`` (one line per example tried)."""
+        path = os.environ.get("KERAS_LONGATTN_PROPERTY_LOG")
+        if path:
+            with open(path, "a") as f:
+                f.write(f"{type(self).__name__} {test} {_backend()}\n")
+
     def _examples(self, name):
         return example_budget(self.property_examples.get(name, 3))
 
@@ -404,6 +412,7 @@ class AttentionLayerProperties:
         @settings(max_examples=self._examples("reference"))
         @given(st.data())
         def check(data):
+            self._record("matches_reference")
             T, S, causal = self._draw_call(data)
             seed = data.draw(st.integers(0, 2**16), label="seed")
             rng = np.random.default_rng(seed)
@@ -532,6 +541,7 @@ class AttentionLayerProperties:
             seed=st.integers(0, 2**16),
         )
         def check(scale, policy, causal, seed):
+            self._record("large_inputs")
             rng = np.random.default_rng(seed)
             x = self._random(rng, B, n, self.features, scale=scale)
             kwargs = {"use_causal_mask": causal}
@@ -560,6 +570,11 @@ class AttentionLayerProperties:
             pytest.skip(
                 "eager fit on JAX compiles every primitive per shape (up to "
                 "minutes per layer): --run-slow"
+            )
+        if jit and _backend() == "torch" and not slow_profile():
+            pytest.skip(
+                "jit_compile on torch (torch.compile) costs minutes to warm up "
+                "on CPU: --run-slow"
             )
         F = self.features
         causal = self.modes()[0]
@@ -611,6 +626,7 @@ class AttentionLayerProperties:
         @example(n=10, extra=20, others=[16], causal=False, seed=0)
         @example(n=10, extra=20, others=[16], causal=True, seed=0)
         def check(n, extra, others, causal, seed):
+            self._record("batch_composition")
             if causal not in self.modes():
                 causal = self.modes()[0]
             n = max(n, lo)
@@ -648,6 +664,7 @@ class AttentionLayerProperties:
         @settings(max_examples=self._examples("nonfinite"))
         @given(st.data())
         def check(data):
+            self._record("nonfinite_padding")
             cross = self.supports_cross_attention
             lo = max(self.min_length, 4)
             # Short sequences (the gradient is the costly part), at least one

@@ -159,9 +159,16 @@ _ITEM3 = "the block length / routing window comes from the padded length"
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_appended_padding_does_not_change_real_outputs(name, causal):
-    """10 real tokens padded to 16 and to 30 give the same real outputs."""
-    x = _x(1, 30, seed=1)
-    layer = make(name)
+    """10 real tokens padded to 16 and to 30 give the same real outputs.
+
+    The tokens are one token plus small noise, and routing layers get 8
+    clusters: then token routing puts the real tokens in one cluster of 10
+    members, which the routing windows (2 or 4 if taken from the padded
+    length) cut differently."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((1, 1, F)) + 0.1 * rng.standard_normal((1, 30, F)))
+    x = x.astype("float32")
+    layer = make(name, num_clusters=8) if name.startswith("routing") else make(name)
     outs = []
     for n in (16, 30):
         mask = np.zeros((1, n), bool)
@@ -224,7 +231,9 @@ def test_python_list_masks(name, argument):
                      marks=known(5, "output_shape=('3',) silently becomes (3,)")),
         pytest.param(2.5, id="float-scalar"),
         pytest.param((0,), id="zero"),
-        pytest.param(True, id="bool"),
+        pytest.param(True, id="bool",
+                     marks=pytest.mark.xfail(strict=True, reason="new: output_shape=True "
+                                             "is accepted and becomes (1,)")),
     ],
 )
 def test_bad_output_shape_names_the_argument(value):
