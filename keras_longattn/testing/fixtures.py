@@ -226,14 +226,17 @@ def output_error(out, case):
     return float(diff / max(np.abs(expected).max(), 1e-30))
 
 
-def run_case(case):
+def run_case(case, call=None):
     """The case's layer, rebuilt from its config with its weights, on its
-    inputs (active backend), as numpy."""
+    inputs (active backend), as numpy. ``call(layer, q, kv, **kwargs)``
+    replaces the plain eager call (e.g. the property suite's jitted call)."""
     import keras
 
     layer = _layer_class(case["layer"]).from_config(dict(case["config"]))
-    layer(case["q"], case["kv"])
+    layer.build(case["q"].shape, case["kv"].shape)
     layer.set_weights(case["weights"])
+    if call is not None:
+        return np.asarray(call(layer, case["q"], case["kv"], **_call_kwargs(case)))
     return keras.ops.convert_to_numpy(layer(case["q"], case["kv"], **_call_kwargs(case)))
 
 

@@ -731,7 +731,7 @@ class AttentionLayerProperties:
 
         for name in self.fixture_cases:
             case = self._fixture(name)
-            err = fixtures.output_error(fixtures.run_case(case), case)
+            err = fixtures.output_error(fixtures.run_case(case, call=self.call), case)
             assert err <= self.fixture_rtol, (
                 f"fixture {name}: relative error {err:.3g} on {_backend()}"
             )

@@ -16,6 +16,8 @@ from keras_longattn.layers import SparseAttention
 from keras_longattn.testing.properties import AttentionLayerProperties
 
 FIXTURES = ("test_prop_fixture_outputs", "test_prop_keras_file_from_backend")
+#: Examples of the secondary configurations (the CI budget).
+FEWER = {"reference": 2, "invariance": 1, "nonfinite": 1, "large": 2}
 
 BACKEND = keras.backend.backend()
 
@@ -85,6 +87,7 @@ class TestSparseStridedProperties(AttentionLayerProperties):
     fixture_cases = ("sparse_strided_causal",)
     known_failures = {**DYNAMIC, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding") + FIXTURES
+    property_examples = FEWER
 
 
 class TestSparseFixedDefaultProperties(AttentionLayerProperties):
@@ -96,6 +99,7 @@ class TestSparseFixedDefaultProperties(AttentionLayerProperties):
     fixture_cases = ("sparse_fixed_default",)
     known_failures = {**DYNAMIC, **PADDED_LENGTH, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition") + FIXTURES
+    property_examples = FEWER
 
 
 class TestSparseFixedProperties(AttentionLayerProperties):
@@ -105,6 +109,7 @@ class TestSparseFixedProperties(AttentionLayerProperties):
     known_failures = {**DYNAMIC, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_large_inputs_finite",
                      "test_prop_projection_shapes")
+    property_examples = FEWER
 
 
 class TestRoutingAttentionProperties(AttentionLayerProperties):
@@ -132,3 +137,4 @@ class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
     known_failures = {**DYNAMIC, **PADDED_LENGTH, **TIES, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding") + FIXTURES
+    property_examples = FEWER
