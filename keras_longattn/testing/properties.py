@@ -38,7 +38,17 @@ What is checked (every test name starts with ``test_prop_``):
 Hypothesis profiles: ``"ci"`` (derandomised, no deadline, few examples, no
 shrinking) is the default; ``"slow"`` (random, 10x the examples, shrinking)
 is loaded by the root ``conftest.py`` under ``--run-slow``. Each test's number
-of examples is :attr:`property_examples` scaled by the active profile.
+of examples is :attr:`property_examples` scaled by the active profile; the
+batch-composition test also runs two explicit examples first (10 real
+tokens padded to 30 next to an example of 16, in each mode).
+
+Cost: JAX compiles per shape, so on JAX the calls run under ``jax.jit``
+(:func:`call_layer`: one compilation per shape instead of one per primitive;
+the conformance suite covers eager calls). Under "ci", eager ``fit`` on JAX
+and ``jit_compile=True`` on torch (``torch.compile``, minutes to warm up on
+CPU) are left to ``--run-slow``, and a class can name the tests it runs in
+CI (:attr:`ci_properties`), so that secondary configurations of a layer share
+the budget.
 
 Known failures: :attr:`known_failures` maps a test id (``"test_prop_x"`` or a
 parametrized ``"test_prop_x[case]"``) to a reason; the root ``conftest.py``
@@ -561,7 +571,7 @@ class AttentionLayerProperties:
     def test_prop_dynamic_length(self, jit):
         """A functional model with Input((None, features)) (and a padding
         mask input) predicts and fits at two sequence lengths; predictions
-        equal the eager layer on real queries."""
+        equal a direct call of the layer on real queries."""
         if not self.supports_dynamic_length:
             pytest.skip("layer needs static sequence lengths")
         if jit and not self.supports_jit:
@@ -586,8 +596,7 @@ class AttentionLayerProperties:
             inputs.append(m_in)
             kwargs.update(query_mask=m_in, value_mask=m_in)
         layer = self.make_layer()
-        h = layer(x_in, x_in, **kwargs)
-        model = keras.Model(inputs, keras.layers.Dense(F)(h))
+        model = keras.Model(inputs, layer(x_in, x_in, **kwargs))
         model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse", jit_compile=jit)
         rng = np.random.default_rng(7)
         for n in self.dynamic_lengths:
@@ -597,8 +606,11 @@ class AttentionLayerProperties:
             feed = [x, mask] if self.supports_padding else [x]
             pred = model.predict(feed, batch_size=2, verbose=0)
             assert pred.shape == (4, n, F)
-            eager = _np(model(feed))
-            np.testing.assert_allclose(pred[mask], eager[mask], rtol=1e-4, atol=1e-5)
+            call = {"use_causal_mask": causal}
+            if self.supports_padding:
+                call.update(query_mask=mask, value_mask=mask)
+            direct = self.call(layer, x, x, **call)
+            np.testing.assert_allclose(pred[mask], direct[mask], rtol=1e-4, atol=1e-5)
             history = model.fit(feed, np.roll(x, 1, axis=1), batch_size=2, epochs=1, verbose=0)
             assert np.all(np.isfinite(history.history["loss"]))
 
