@@ -59,10 +59,11 @@ def sphere_normalize(x, epsilon=1e-6):
 
 
 def l2_normalize(x, epsilon=1e-6):
-    """``x / max(||x||, epsilon)`` over the last axis, in float32."""
+    """``x / max(||x||, epsilon)`` over the last axis, in float32, with a
+    finite gradient at ``x = 0`` (no square root of zero is differentiated)."""
     x = ops.cast(x, "float32")
-    norm = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
-    return x / ops.maximum(norm, epsilon)
+    squared = ops.sum(ops.square(x), axis=-1, keepdims=True)
+    return x * ops.rsqrt(ops.maximum(squared, epsilon * epsilon))
 
 
 @compiled(("clusters_last",))

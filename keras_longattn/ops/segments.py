@@ -93,7 +93,7 @@ def gather_flags(x, indices):
     if x.shape[1] == 1 and shape[1] != 1:
         x = ops.repeat(x, shape[1], axis=1)
     if x.shape[0] == 1:
-        x = ops.broadcast_to(x, (ops.shape(flat)[0],) + tuple(x.shape[1:]))
+        x = ops.broadcast_to(x, (ops.shape(flat)[0],) + dims(x)[1:])
     out = ops.take_along_axis(x, flat, axis=2)
     return ops.reshape(out, (-1,) + shape[1:])
 

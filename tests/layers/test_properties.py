@@ -1,10 +1,9 @@
 """The Hypothesis property suite (keras_longattn.testing.properties) on
 every layer of the library.
 
-Failures caused by the known bugs of issue 12 are listed in each class's
-``known_failures`` (marked ``xfail(strict=True)`` by the root conftest), per
-backend and per parametrized case, so that each mark records exactly the
-combination that fails today.
+Each property ran against the bugs of issue 12 before they were fixed and
+failed on them (the regression tests of tests/layers/test_reliability.py
+pin each one down).
 """
 
 import keras
@@ -22,54 +21,17 @@ FEWER = {"reference": 2, "invariance": 1, "nonfinite": 1, "large": 2}
 BACKEND = keras.backend.backend()
 
 
-def issue12(item, what, *test_ids, backends=("jax", "tensorflow", "torch")):
-    """known_failures entries: ``test_ids`` fail on ``backends`` because of
-    issue 12 item ``item``."""
-    if BACKEND not in backends:
-        return {}
-    reason = f"issue 12 item {item}: {what} (fixed on main)"
-    return {test_id: reason for test_id in test_ids}
-
-
-# The known failures, by item.
-VALUE_DIM = issue12(
-    1, "value_dim != key_dim crashes FullAttention's fused path on JAX",
-    "test_prop_projection_shapes[value_dim]",
-    "test_prop_projection_shapes[value_dim_output_shape_tuple]",
-    backends=("jax",),
-)
-DYNAMIC = issue12(
-    2, "a functional model with Input((None, F)) fails at its second length on "
-    "TensorFlow", "test_prop_dynamic_length", backends=("tensorflow",),
-)
-PADDED_LENGTH = issue12(
-    3, "block length / routing window derived from the padded length",
-    "test_prop_batch_composition",
-)
-TIES = issue12(
-    4, "balanced routing breaks similarity ties by the highest index on torch",
-    "test_prop_fixture_outputs", "test_prop_keras_file_from_backend",
-    backends=("torch",),
-)
-NONFINITE = issue12(
-    6, "NaN/inf in padded keys/values reaches real outputs and gradients",
-    "test_prop_nonfinite_padding",
-)
-
-
 class TestFullAttentionProperties(AttentionLayerProperties):
     layer_cls = FullAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8}
     # Dynamic length: the suite's model is causal with padding, the case of
     # FullAttention that item 2 breaks.
-    known_failures = {**VALUE_DIM, **DYNAMIC, **NONFINITE}
     fixture_cases = ("full_causal_padded",)
 
 
 class TestLocalAttentionProperties(AttentionLayerProperties):
     layer_cls = LocalAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 5}
-    known_failures = {**DYNAMIC, **NONFINITE}
     fixture_cases = ("local_cross",)
 
 
@@ -78,14 +40,12 @@ class TestSparseStridedDefaultProperties(AttentionLayerProperties):
 
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided"}
-    known_failures = {**DYNAMIC, **PADDED_LENGTH, **NONFINITE}
 
 
 class TestSparseStridedProperties(AttentionLayerProperties):
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided", "block_length": 4}
     fixture_cases = ("sparse_strided_causal",)
-    known_failures = {**DYNAMIC, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding") + FIXTURES
     property_examples = FEWER
 
@@ -97,7 +57,6 @@ class TestSparseFixedDefaultProperties(AttentionLayerProperties):
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "fixed",
                    "combination": "merged"}
     fixture_cases = ("sparse_fixed_default",)
-    known_failures = {**DYNAMIC, **PADDED_LENGTH, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition") + FIXTURES
     property_examples = FEWER
 
@@ -106,7 +65,6 @@ class TestSparseFixedProperties(AttentionLayerProperties):
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "fixed",
                    "block_length": 5, "summary_width": 2}
-    known_failures = {**DYNAMIC, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_large_inputs_finite",
                      "test_prop_projection_shapes")
     property_examples = FEWER
@@ -124,7 +82,6 @@ class TestRoutingAttentionProperties(AttentionLayerProperties):
     # for dtype and finiteness only.
     precision_rtol = {"float16": 2e-2, "bfloat16": None}
     fixture_cases = ("routing_balanced_repeated", "routing_token_causal", "routing_ties")
-    known_failures = {**DYNAMIC, **PADDED_LENGTH, **TIES, **NONFINITE}
 
 
 class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
@@ -134,7 +91,6 @@ class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
     min_length = 3
     precision_rtol = {"float16": 2e-2, "bfloat16": None}
     fixture_cases = ("routing_shared_qk",)
-    known_failures = {**DYNAMIC, **PADDED_LENGTH, **TIES, **NONFINITE}
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding") + FIXTURES
     property_examples = FEWER

@@ -10,6 +10,15 @@ class JaxOps(BackendOps):
     name = "jax"
 
     def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
+        dtype = q.dtype
+        if dtype == "float16" and jax.default_backend() == "cpu":
+            # XLA's CPU dot product has no float16 x float16 -> float32 form
+            # (which the fused attention asks for inside jit): compute in
+            # float32 and return float16.
+            q, k, v = (ops.cast(t, "float32") for t in (q, k, v))
+            return ops.cast(
+                self.dot_product_attention(q, k, v, mask, is_causal, scale), dtype
+            )
         # JAX's kernel needs the value head size equal to the query's: the
         # smaller side is zero-padded (zero query/key columns add nothing to
         # the scores; the zero value columns are cut from the output).
