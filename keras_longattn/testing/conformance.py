@@ -33,22 +33,25 @@ import numpy as np
 import pytest
 
 from keras_longattn.testing import gradients
+from keras_longattn.testing.numerics import rel_error
+from keras_longattn.testing.properties import AttentionLayerProperties
 
 
 def _np(x):
     return keras.ops.convert_to_numpy(x)
 
 
-def rel_error(actual, expected):
-    """max |actual - expected| / max |expected| (0 when both are 0)."""
-    actual = np.asarray(actual, dtype="float64")
-    expected = np.asarray(expected, dtype="float64")
-    scale = max(np.max(np.abs(expected)), 1e-30)
-    return float(np.max(np.abs(actual - expected)) / scale)
-
-
-class AttentionLayerConformance:
+class AttentionLayerConformance(AttentionLayerProperties):
     """Shared checks of the attention-layer contract.
+
+    It includes the property-based checks of
+    :class:`keras_longattn.testing.properties.AttentionLayerProperties`
+    (random lengths, padding, dtypes, batch composition, variable lengths,
+    non-finite padding, cross-backend fixtures): in a conformance subclass
+    they run with ``--run-slow``; the CI subset runs from the property
+    classes of ``tests/layers/test_properties.py``, where each layer also
+    gets one (set ``ci_properties = None`` on a conformance subclass to run
+    them all by default).
 
     Flags (class attributes) a subclass sets:
 
@@ -93,6 +96,9 @@ class AttentionLayerConformance:
     supports_jit = True
     reference_lengths = (16, 37, 2048)
     long_length_causal_only = True
+    #: Property tests run by default (the rest with --run-slow): none here,
+    #: the CI subset runs from tests/layers/test_properties.py.
+    ci_properties = ()
     compare_with_mha = False
     deterministic = True
     short_length = 37

@@ -68,7 +68,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from keras_longattn.testing.conformance import rel_error
+from keras_longattn.testing.numerics import rel_error
 
 # ------------------------------------------------------------------ profiles
 #: ``max_examples`` of the "ci" profile; tests scale their own counts by the

@@ -1,5 +1,4 @@
 import doctest
-import os
 
 import keras
 from keras.ops import convert_to_numpy as to_np
@@ -13,19 +12,6 @@ from keras_longattn.ops import sparse as sp
 from keras_longattn.testing import AttentionLayerConformance
 from keras_longattn.testing import input_gradient
 from keras_longattn.testing import rel_error
-
-
-@pytest.fixture(autouse=True)
-def _skip_slow_unless_asked(request):
-    # Tests marked slow run with --run-slow (when a conftest defines it) or
-    # KERAS_LONGATTN_RUN_SLOW=1.
-    if request.node.get_closest_marker("slow") is None:
-        return
-    if request.config.getoption("--run-slow", default=False):
-        return
-    if os.environ.get("KERAS_LONGATTN_RUN_SLOW"):
-        return
-    pytest.skip("slow test: pass --run-slow or set KERAS_LONGATTN_RUN_SLOW=1")
 
 
 # ------------------------------------------------------------ conformance

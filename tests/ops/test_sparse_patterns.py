@@ -1,7 +1,6 @@
 """Sparse Transformer patterns (against explicit loops) and their
 block-sparse computation (against dense attention under the same patterns)."""
 
-import os
 import time
 
 import keras
@@ -15,19 +14,6 @@ from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import reference_attention
 from keras_longattn.testing import input_gradient
 from keras_longattn.testing import rel_error
-
-
-@pytest.fixture(autouse=True)
-def _skip_slow_unless_asked(request):
-    # Tests marked slow run with --run-slow (when a conftest defines it) or
-    # KERAS_LONGATTN_RUN_SLOW=1.
-    if request.node.get_closest_marker("slow") is None:
-        return
-    if request.config.getoption("--run-slow", default=False):
-        return
-    if os.environ.get("KERAS_LONGATTN_RUN_SLOW"):
-        return
-    pytest.skip("slow test: pass --run-slow or set KERAS_LONGATTN_RUN_SLOW=1")
 
 
 def dense(pattern, t, s=None):
