@@ -135,14 +135,6 @@ class AttentionLayerConformance(AttentionLayerProperties):
             "float32"
         )
 
-    def modes(self):
-        result = []
-        if self.supports_causal:
-            result.append(True)
-        if self.supports_bidirectional:
-            result.append(False)
-        return result
-
     def reference_output(self, layer, query, value, **call_kwargs):
         """The dense reference of ``layer``'s own pattern on the same weights.
 
