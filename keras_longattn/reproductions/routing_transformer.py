@@ -33,6 +33,7 @@ __all__ = [
     "RecallTokens",
     "co_clustered_share",
     "js_divergence",
+    "make_repeated_recall",
     "make_unique_recall",
     "routing_claims",
 ]
@@ -148,6 +149,43 @@ def make_unique_recall(num, length, num_keys, num_values, min_distance, rng):
     return x, targets, weights
 
 
+def make_repeated_recall(num, length, num_keys, num_values, gap, rng):
+    """The training variant of the recall task: the store repeats its pairs.
+
+    Each sequence draws a random value for each of its ``num_keys`` keys; a
+    **store** fills the start with ``value key`` pairs drawn at random (each
+    pair recurs many times), a filler **gap** of ``gap`` tokens follows, and
+    the **queries** end the sequence as in :func:`make_unique_recall`. With
+    many copies of every pair the task is learned in a few hundred CPU
+    steps; but a copy is often close to its query, so a wide local window or
+    random clusters also find one. The notebook therefore trains on this and
+    *tests* on :func:`make_unique_recall`, where the only copy is far away.
+
+    Returns:
+        ``(tokens, targets, sample_weight)``, each ``(num, length)``.
+    """
+    t = RecallTokens(num_keys, num_values)
+    q0 = length - 2 * num_keys
+    slots = (q0 - gap) // 2
+    if slots < num_keys:
+        raise ValueError(f"length {length} is too short for the store and a gap of {gap}")
+    values = rng.integers(0, num_values, size=(num, num_keys))
+    rows = np.arange(num)[:, None]
+    x = np.full((num, length), t.FILLER, dtype="int32")
+    pick = rng.integers(0, num_keys, size=(num, slots))
+    x[:, 0 : 2 * slots : 2] = t.value0 + values[rows, pick]
+    x[:, 1 : 2 * slots : 2] = t.KEY0 + pick
+    order = np.argsort(rng.random((num, num_keys)), axis=1)
+    where = q0 + 2 * np.arange(num_keys)
+    x[:, where] = t.KEY0 + order
+    x[:, where + 1] = t.value0 + values[rows, order]
+    targets = np.zeros((num, length), dtype="int32")
+    weights = np.zeros((num, length), dtype="float32")
+    targets[:, where] = t.value0 + values[rows, order]
+    weights[:, where] = 1.0
+    return x, targets, weights
+
+
 def co_clustered_share(tokens, clusters, weights, num_keys, num_values):
     """Share of scored queries whose stored key (the earlier occurrence of
     the same key token) is in the query's cluster, averaged over routing
@@ -187,8 +225,8 @@ def routing_claims(results: Mapping, margins: Mapping) -> list:
 
     Args:
         results: per-seed lists, keys ``"accuracy"`` (a dict: ``"local"``,
-            ``"random"``, ``"routing"``, ``"full"`` -> one test accuracy per
-            seed), ``"co_clustered"`` (``"routing"``, ``"random"`` -> one
+            ``"random"``, ``"routing"`` and optionally ``"full"`` -> one test
+            accuracy per seed), ``"co_clustered"`` (``"routing"``, ``"random"`` -> one
             share per seed), ``"step_seconds"`` (``"local"``, ``"routing"``
             -> every timed step), ``"chance"``; optionally ``"js"``
             (``"routing"``, ``"random"`` -> nats per seed) and ``"lm_bits"``
@@ -204,10 +242,12 @@ def routing_claims(results: Mapping, margins: Mapping) -> list:
     """
     acc = results["accuracy"]
     chance = float(results["chance"])
-    out = [
-        cl.at_least(
+    out = []
+    if acc.get("full"):
+        out.append(cl.at_least(
             "full_solves", "task check: full attention solves the unique-key recall",
-            acc["full"], margins["min_full_accuracy"], paper="(our task)"),
+            acc["full"], margins["min_full_accuracy"], paper="(our task)"))
+    out += [
         cl.at_most(
             "local_blind", "task check: local attention with the routing heads' budget "
             "stays at chance (the answer is out of its reach)",

@@ -51,6 +51,8 @@ def measured_head_masks(layer, length, dim, *, causal=True, seed=0, tolerance=1e
     Returns:
         A bool array ``(num_heads, length, length)``: ``[h, i, j]`` is True
         when the output of head ``h`` at ``i`` depends on the input at ``j``.
+        The diagonal also counts the query's own input (through its query
+        projection), whether or not ``i`` is among its keys.
     """
     import keras
 
