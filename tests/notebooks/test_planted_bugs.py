@@ -10,6 +10,7 @@ outputs, with the broken variant's arm replaced by what that bug produces
 (e.g. with random clusters the routing arm scores like the random control).
 """
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,7 @@ ROUTING_MARGINS = dict(min_full_accuracy=0.8, max_local_excess=0.1, margin_rando
 CHANCE = 1 / 8
 
 
+@functools.lru_cache(maxsize=None)
 def _co_clustered(layer_cls, seed=0):
     """Share of recall queries that a tiny routing layer puts in the cluster
     of their stored key, on token vectors that depend on the token only."""
@@ -154,14 +156,22 @@ def _sparse_layer(pattern, **kwargs):
                            summary_width=1 if pattern == "fixed" else None, **kwargs)
 
 
-def _coverage(layer):
-    return st.two_step_coverage(st.measured_head_masks(layer, 24, 8))
+@functools.lru_cache(maxsize=None)
+def _measured(pattern, causal=True):
+    """Measured head masks of a tiny SparseAttention (n = 24, l = 4), once
+    per pattern (the measurement is the slow part of these tests)."""
+    masks = st.measured_head_masks(_sparse_layer(pattern), 24, 8, causal=causal)
+    masks.flags.writeable = False
+    return masks
+
+
+def _coverage(pattern):
+    return st.two_step_coverage(_measured(pattern))
 
 
 def _coverage_without_head_b(pattern):
-    layer = _sparse_layer(pattern)
-    masks = st.measured_head_masks(layer, 24, 8)
-    masks[1:] = False  # head 1 is head B in "multihead"
+    masks = _measured(pattern).copy()
+    masks[1:] = False  # head 1 is head B in "multihead": its output removed
     return st.two_step_coverage(masks)
 
 
@@ -185,9 +195,8 @@ def _sparse_results(coverage, repeat=None, image_steps=None, bench=None):
 
 def test_sparse_measured_patterns_match_the_pattern_objects():
     for pattern in ("strided", "fixed"):
-        layer = _sparse_layer(pattern)
-        masks = st.measured_head_masks(layer, 24, 8)
-        a, b = layer.head_patterns(24, 24, True)
+        masks = _measured(pattern)
+        a, b = _sparse_layer(pattern).head_patterns(24, 24, True)
         for measured, objects in ((masks[0], a), (masks[1], b)):
             expected = np.asarray(keras.ops.convert_to_numpy(objects.dense_mask(24, 24)), bool)
             # Off the diagonal (output i always depends on input i through
@@ -197,7 +206,7 @@ def test_sparse_measured_patterns_match_the_pattern_objects():
 
 
 def test_sparse_real_layers_pass():
-    coverage = {p: _coverage(_sparse_layer(p)) for p in ("strided", "fixed")}
+    coverage = {p: _coverage(p) for p in ("strided", "fixed")}
     claims = st.sparse_claims(_sparse_results(coverage), SPARSE_MARGINS)
     assert not _failed(claims)
     cl.assert_claims(claims)
@@ -217,8 +226,7 @@ def test_sparse_planted_head_b_removed_fails():
 
 def test_sparse_planted_causal_leak_fails():
     # Bug: a pattern that reads later positions (the causal mask dropped).
-    masks = st.measured_head_masks(_sparse_layer("strided"), 24, 8, causal=False)
-    complete, causal_only = st.two_step_coverage(masks)
+    complete, causal_only = st.two_step_coverage(_measured("strided", causal=False))
     assert complete and not causal_only
     claims = st.sparse_claims(_sparse_results({"strided": (complete, causal_only)}),
                               SPARSE_MARGINS)
