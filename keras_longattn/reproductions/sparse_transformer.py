@@ -62,8 +62,10 @@ def measured_head_masks(layer, length, dim, *, causal=True, seed=0, tolerance=1e
     bump = rng.normal(size=(length, dim)).astype("float32")
     for j in range(length):
         batch[j + 1, j] += bump[j]
-    if not layer.built:
-        layer(batch[:1], batch[:1], use_causal_mask=causal)
+    # One compiled function (predict) instead of eager op-by-op calls, which
+    # are slow to start on JAX; the weights are read at every call.
+    inputs = keras.Input(shape=(length, dim))
+    probe = keras.Model(inputs, layer(inputs, inputs, use_causal_mask=causal))
     kernel = layer._output_dense.kernel
     saved = keras.ops.convert_to_numpy(kernel).copy()
     masks = []
@@ -72,8 +74,7 @@ def measured_head_masks(layer, length, dim, *, causal=True, seed=0, tolerance=1e
             only = np.zeros_like(saved)
             only[h] = saved[h]
             kernel.assign(only)
-            out = keras.ops.convert_to_numpy(
-                layer(batch, batch, use_causal_mask=causal)).astype("float64")
+            out = np.asarray(probe.predict_on_batch(batch)).astype("float64")
             change = np.max(np.abs(out[1:] - out[:1]), axis=-1)  # (j, i)
             scale = max(float(np.max(change)), 1e-30)
             masks.append((change > tolerance * max(scale, 1.0)).T)  # (i, j)
