@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from keras_longattn.layers import RoutingAttention
-from keras_longattn.ops import routing as routing_ops
+from keras_longattn.ops import kmeans
 from keras_longattn.reproductions import claims as cl
 
 __all__ = [
@@ -77,7 +77,7 @@ class RandomRoutingAttention(RoutingAttention):
         routing = super()._route(noise_q, noise_k, context, *args, **kwargs)
         # The attention inside the clusters uses the real keys.
         if self.shared_qk:
-            routing.keys = ops.cast(routing_ops.l2_normalize(query), query.dtype)
+            routing.keys = ops.cast(kmeans.l2_normalize(query), query.dtype)
         else:
             routing.keys = key
         return routing
