@@ -191,7 +191,8 @@ def ema_update(centroids, sums, counts, decay):
 
     Args:
         centroids: ``(H, k, d)``.
-        sums, counts: from :func:`cluster_statistics`.
+        sums: ``(H, k, d)`` from :func:`cluster_statistics`.
+        counts: ``(H, k)`` from :func:`cluster_statistics`.
         decay: in ``(0, 1)``.
 
     Returns:

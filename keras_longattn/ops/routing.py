@@ -124,8 +124,16 @@ def balanced_cluster_weights(
     the specification, not a fast path.
 
     Args:
-        query, key, query_indices, key_indices, causal, key_mask,
-        exclude_self, scale: as :func:`balanced_cluster_attention`.
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        query_indices: int ``(B, H, k, wq)``, as
+            :func:`balanced_cluster_attention`.
+        key_indices: int ``(B, H, k, wk)``.
+        causal: mask keys after the query.
+        key_mask: optional boolean ``(B, S)``; False marks padded keys.
+        exclude_self: a query sees the key at its own position only when
+            nothing else is visible.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         extra_mask: optional boolean mask broadcastable to ``(B, H, T, S)``
             (e.g. a dense ``attention_mask``), ANDed into every cluster.
 

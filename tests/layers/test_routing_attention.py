@@ -163,6 +163,7 @@ class TestRoutingAttentionFused(AttentionLayerConformance):
     layer_cls = RoutingAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "local_heads": 1}
     implementation = "routed_fused"
+    secondary = True
     reference_lengths = (37, 300)
 
     def reference_output(self, layer, query, value, **call_kwargs):

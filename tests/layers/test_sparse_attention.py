@@ -36,6 +36,7 @@ class TestFixedMultiheadFused(AttentionLayerConformance):
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "fixed",
                    "block_length": 5, "summary_width": 2}
     implementation = "blocked_fused"
+    secondary = True
     reference_lengths = (37,)
 
 
