@@ -138,15 +138,7 @@ def make_unique_recall(num, length, num_keys, num_values, min_distance, rng):
     pos = offset[:, None] + 2 * np.arange(num_keys)[None, :]
     x[rows, pos] = t.value0 + values[rows, order]
     x[rows, pos + 1] = t.KEY0 + order
-    query_order = np.argsort(rng.random((num, num_keys)), axis=1)
-    where = q0 + 2 * np.arange(num_keys)
-    x[:, where] = t.KEY0 + query_order
-    x[:, where + 1] = t.value0 + values[rows, query_order]
-    targets = np.zeros((num, length), dtype="int32")
-    weights = np.zeros((num, length), dtype="float32")
-    targets[:, where] = t.value0 + values[rows, query_order]
-    weights[:, where] = 1.0
-    return x, targets, weights
+    return _append_queries(x, values, q0, t, rng)
 
 
 def make_repeated_recall(num, length, num_keys, num_values, gap, rng):
@@ -175,13 +167,23 @@ def make_repeated_recall(num, length, num_keys, num_values, gap, rng):
     pick = rng.integers(0, num_keys, size=(num, slots))
     x[:, 0 : 2 * slots : 2] = t.value0 + values[rows, pick]
     x[:, 1 : 2 * slots : 2] = t.KEY0 + pick
+    return _append_queries(x, values, q0, t, rng)
+
+
+def _append_queries(x, values, q0, t, rng):
+    """Writes the query region (every key once, in random order, each followed
+    by its value) from position ``q0`` on, and returns ``(tokens, targets,
+    sample_weight)`` scoring the value after each query key."""
+    num, num_keys = values.shape
+    rows = np.arange(num)[:, None]
     order = np.argsort(rng.random((num, num_keys)), axis=1)
     where = q0 + 2 * np.arange(num_keys)
+    answers = t.value0 + values[rows, order]
     x[:, where] = t.KEY0 + order
-    x[:, where + 1] = t.value0 + values[rows, order]
-    targets = np.zeros((num, length), dtype="int32")
-    weights = np.zeros((num, length), dtype="float32")
-    targets[:, where] = t.value0 + values[rows, order]
+    x[:, where + 1] = answers
+    targets = np.zeros_like(x)
+    weights = np.zeros(x.shape, dtype="float32")
+    targets[:, where] = answers
     weights[:, where] = 1.0
     return x, targets, weights
 

@@ -35,6 +35,7 @@ import pytest
 from keras_longattn.testing import gradients
 from keras_longattn.testing.numerics import rel_error
 from keras_longattn.testing.properties import AttentionLayerProperties
+from keras_longattn.testing.properties import slow_profile
 
 
 def _np(x):
@@ -471,9 +472,7 @@ class AttentionLayerConformance(AttentionLayerProperties):
                   "test_causality_by_gradient", "test_all_padding_row_is_finite",
                   "test_keras_implicit_mask", "test_config_round_trip")
         name = getattr(request.node, "originalname", None) or request.node.name
-        if self.secondary and name in shared and not request.config.getoption(
-            "--run-slow", default=False
-        ) and not os.environ.get("KERAS_LONGATTN_RUN_SLOW"):
+        if self.secondary and name in shared and not slow_profile():
             pytest.skip("secondary implementation: shared checks run with --run-slow")
 
     def test_last_implementation_is_the_path_that_ran(self, monkeypatch):
