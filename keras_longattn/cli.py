@@ -4,6 +4,9 @@ Subcommands:
 
 * ``bench``: time and peak memory of attention layers
   (:mod:`keras_longattn.benchmarks`).
+* ``lra``: the offline Long-Range-Arena-style suite: accuracy, time per
+  step and peak memory of attention layers on five tasks
+  (:mod:`keras_longattn.lra`).
 
 A subcommand is one ``add_<name>_command(subparsers)`` function, listed in
 :data:`SUBCOMMANDS`, that adds its parser and sets the defaults ``handler`` (a
@@ -18,7 +21,7 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-__all__ = ["SUBCOMMANDS", "add_bench_command", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "add_bench_command", "add_lra_command", "build_parser", "main"]
 
 
 def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,11 +40,29 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     return parser
 
 
+def add_lra_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``keras-longattn lra``: see :mod:`keras_longattn.lra.command`."""
+    from keras_longattn.lra import command
+
+    parser = subparsers.add_parser(
+        "lra",
+        help="offline LRA-style suite: accuracy, time per step and peak memory per layer",
+        description="Train attention layers on five offline Long-Range-Arena-style tasks "
+                    "and print accuracy per task, time per step and peak memory.",
+        epilog=command.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_arguments(parser)
+    parser.set_defaults(handler=command.run_from_args, command_parser=parser)
+    return parser
+
+
 from keras_longattn.reproduce import add_parser as add_reproduce_command  # noqa: E402
 
 #: Functions adding one subcommand each, in the order ``--help`` lists them.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     add_bench_command,
+    add_lra_command,
     add_reproduce_command,
 ]
 

@@ -49,6 +49,7 @@ __all__ = [
     "run_job",
     "plan_jobs",
     "check_layers",
+    "check_layer_specs",
     "machine_info",
     "memory_limit_bytes",
     "DEFAULT_OUTPUT_DIR",
@@ -289,23 +290,59 @@ def _parse_result(stdout: str) -> dict[str, Any] | None:
     return None
 
 
+def _stream(process: subprocess.Popen, timeout: float,
+            on_line: Callable[[str], None]) -> tuple[str, str]:
+    """Read the worker's stdout line by line (calling ``on_line``) and its
+    stderr in a thread, until it exits; like ``communicate(timeout=...)``.
+
+    Raises:
+        subprocess.TimeoutExpired: the worker ran longer than ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    out_lines: list[str] = []
+    err_lines: list[str] = []
+
+    def read_stdout() -> None:
+        for line in process.stdout:
+            out_lines.append(line)
+            on_line(line.rstrip("\n"))
+
+    def read_stderr() -> None:
+        err_lines.extend(process.stderr)
+
+    readers = [threading.Thread(target=read, daemon=True) for read in (read_stdout, read_stderr)]
+    for reader in readers:
+        reader.start()
+    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for reader in readers:
+        reader.join(timeout=max(1.0, deadline - time.monotonic()))
+    return "".join(out_lines), "".join(err_lines)
+
+
 def run_job(job: Mapping[str, Any], timeout: float, memory_limit: int,
-            python: str | None = None) -> dict[str, Any]:
+            python: str | None = None, module: str = "keras_longattn.benchmarks.worker",
+            on_line: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run one configuration in a fresh worker subprocess.
 
     Args:
-        job: the worker configuration (see ``worker.DEFAULT_CONFIG``).
+        job: the worker configuration (see ``worker.DEFAULT_CONFIG``); its
+            ``backend`` sets ``KERAS_BACKEND``.
         timeout: wall-clock limit in seconds.
         memory_limit: RSS limit of the worker in bytes.
         python: the interpreter (``sys.executable`` by default).
+        module: the worker module, run as ``python -m MODULE '<json job>'``;
+            it prints its result after :data:`RESULT_MARKER`. Defaults to the
+            benchmark's worker (the LRA suite has its own).
+        on_line: called with every line of the worker's stdout as it comes
+            (for a live progress display). Defaults to ``None``: the output
+            is read at the end.
 
     Returns:
         The worker's result merged with ``status``, ``message``, ``wall_s``,
         ``returncode``, ``observed_max_rss_bytes`` and, unless ok,
         ``stderr_tail``.
     """
-    command = [python or sys.executable, "-m", "keras_longattn.benchmarks.worker",
-               json.dumps(dict(job))]
+    command = [python or sys.executable, "-m", module, json.dumps(dict(job))]
     start = time.monotonic()
     process = subprocess.Popen(
         command,
@@ -322,7 +359,10 @@ def run_job(job: Mapping[str, Any], timeout: float, memory_limit: int,
     timed_out = False
     try:
         try:
-            stdout, stderr = process.communicate(timeout=timeout)
+            if on_line is None:
+                stdout, stderr = process.communicate(timeout=timeout)
+            else:
+                stdout, stderr = _stream(process, timeout, on_line)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_tree(process)
@@ -439,12 +479,7 @@ def check_layers(config: BenchmarkConfig, in_process: bool | None = None,
             if key not in seen:
                 seen.add(key)
                 items.append({"label": label, "layer_spec": spec})
-    if in_process is None:
-        in_process = "keras" in sys.modules
-    if in_process:
-        results = check_specs(items)
-    else:
-        results = _check_in_subprocess(items, config.backends[0], python, timeout)
+    results = check_layer_specs(items, config.backends[0], in_process, python, timeout)
     classes: dict[str, str] = {}
     for result in results:
         label = result["label"]
@@ -460,6 +495,33 @@ def check_layers(config: BenchmarkConfig, in_process: bool | None = None,
             raise BenchmarkArgumentError("option" if from_option else "layers", message)
         classes.setdefault(label, result.get("layer_class"))
     return classes
+
+
+def check_layer_specs(items: list[dict], backend: str, in_process: bool | None = None,
+                      python: str | None = None,
+                      timeout: float = CHECK_TIMEOUT) -> list[dict]:
+    """:func:`~keras_longattn.benchmarks.layer_config.check_specs` of resolved
+    layer configs, here or in a worker subprocess.
+
+    Args:
+        items: dicts ``{"label": ..., "layer_spec": {...}}``.
+        backend: the backend of the subprocess.
+        in_process: check in this process. Defaults to ``None``: here when
+            Keras is imported already, else in a subprocess.
+        python: the interpreter of the subprocess (``sys.executable``).
+        timeout: wall-clock limit of the subprocess in seconds.
+
+    Returns:
+        The findings of ``check_specs``, one per item.
+
+    Raises:
+        RuntimeError: the subprocess gave no answer.
+    """
+    if in_process is None:
+        in_process = "keras" in sys.modules
+    if in_process:
+        return check_specs(items)
+    return _check_in_subprocess(items, backend, python, timeout)
 
 
 def _check_in_subprocess(items: list[dict], backend: str, python: str | None,

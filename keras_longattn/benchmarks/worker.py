@@ -71,7 +71,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["RESULT_MARKER", "DEFAULT_CONFIG", "run_config", "main"]
+__all__ = ["RESULT_MARKER", "DEFAULT_CONFIG", "HostMemory", "accelerator_memory", "run_config",
+           "main"]
 
 #: Prefix of the result line on stdout.
 RESULT_MARKER = "@@KERAS_LONGATTN_BENCH_RESULT@@ "
@@ -369,6 +370,51 @@ def _torch_step(layer, x_np, config):
         "torch_threads": torch.get_num_threads(),
     }
     return step, device_memory, info
+
+
+def accelerator_memory(backend: str):
+    """A peak-memory tracker of the first accelerator of ``backend``, or
+    ``None`` on CPU (where :class:`HostMemory` applies).
+
+    The tracker has ``start()`` (baseline: bytes in use now),
+    ``after_warmup()`` (reset the peak where the backend can), ``peak()``,
+    ``increase()`` (peak minus baseline) and ``method`` (``"device"``).
+    Imports the backend; used by the LRA suite's worker.
+    """
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        if device.platform == "cpu" or "peak_bytes_in_use" not in (device.memory_stats() or {}):
+            return None
+        return _DeviceMemory(
+            in_use=lambda: device.memory_stats().get("bytes_in_use", 0),
+            peak=lambda: device.memory_stats().get("peak_bytes_in_use", 0),
+            reset=None,
+        )
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        gpus = tf.config.list_logical_devices("GPU")
+        if not gpus:
+            return None
+        name = gpus[0].name.split("device:")[-1]
+        return _DeviceMemory(
+            in_use=lambda: tf.config.experimental.get_memory_info(name)["current"],
+            peak=lambda: tf.config.experimental.get_memory_info(name)["peak"],
+            reset=lambda: tf.config.experimental.reset_memory_stats(name),
+        )
+    if backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return _DeviceMemory(
+            in_use=torch.cuda.memory_allocated,
+            peak=torch.cuda.max_memory_allocated,
+            reset=torch.cuda.reset_peak_memory_stats,
+        )
+    return None
 
 
 _STEPS = {"jax": _jax_step, "tensorflow": _tensorflow_step, "torch": _torch_step}
