@@ -9,6 +9,8 @@
 # the script with its exit status):
 #   notebooks  execute every notebook of notebooks/ at CI size with papermill
 #              into build/notebooks/ (keras-longattn reproduce --all)
+#   lra        the LRA-style suite at CI size, every task for one layer
+#              (keras-longattn lra; reports in build/lra/)
 #   nbval      re-execute the executed copies with nbval (--nbval-lax: every
 #              cell must run, cells tagged nbval-check-output must match)
 #   build      mkdocs build --strict into site/; its hook docs/hooks/generate.py
@@ -28,7 +30,7 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export PYDEVD_DISABLE_FILE_VALIDATION=1
 export NO_MKDOCS_2_WARNING=1
 export MPLBACKEND=Agg
-STAGES="${STAGES:-notebooks nbval build browser}"
+STAGES="${STAGES:-notebooks lra nbval build browser}"
 NOTEBOOK_DIR=build/notebooks
 NBVAL_DIR=build/nbval
 
@@ -41,6 +43,10 @@ stage_notebooks() {
   local backend_args=()
   [ -n "${NOTEBOOK_BACKEND:-}" ] && backend_args=(--backend "$NOTEBOOK_BACKEND")
   python -m keras_longattn.reproduce --all --output-dir "$NOTEBOOK_DIR" "${backend_args[@]}"
+}
+
+stage_lra() {
+  python -m keras_longattn.cli lra --size ci --layers full --seeds 1 --output build/lra --plain
 }
 
 stage_nbval() {
@@ -120,7 +126,7 @@ stage_browser() {
 mkdir -p build
 for name in $STAGES; do
   if ! declare -F "stage_$name" >/dev/null; then
-    echo "[extra] unknown stage '$name' (stages: notebooks nbval build browser)"
+    echo "[extra] unknown stage '$name' (stages: notebooks lra nbval build browser)"
     exit 2
   fi
   start=$(date +%s)

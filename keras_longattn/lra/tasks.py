@@ -4,19 +4,13 @@ Every task is a classification problem built from the offline data of
 :mod:`keras_longattn.datasets`; none of it is the Long Range Arena's own
 data, and every size here is far smaller than LRA's (see the table below):
 
-========== ============================================ ========== ==========
-task       data                                         LRA length full size
-========== ============================================ ========== ==========
-listops    generated ListOps expressions, 10 classes    2000       1024
-text       byte chunks of 10 Wikipedia articles: which  4000       1024
-           article? (10 classes)
-retrieval  two byte chunks: same article? (2 classes,   4000 each  512 each
-           two-tower model, articles unseen in training)
-image      scikit-learn digits as pixel sequences       1024       1024
-           (10 classes)
-pathfinder generated Pathfinder images: are the two     1024       1024
-           marked dots joined? (2 classes)
-========== ============================================ ========== ==========
+| task | data | LRA length | full size |
+|---|---|---|---|
+| `listops` | generated ListOps expressions, value 0-9 (10 classes) | 2000 | 1024 |
+| `text` | a byte chunk of one of the 10 longest Wikipedia-sample articles: which one (10 classes) | 4000 | 1024 |
+| `retrieval` | two byte chunks: from the same article? (2 classes; two-tower model; test articles unseen in training) | 4000 each | 512 each |
+| `image` | scikit-learn's digits resized and read as pixel sequences (10 classes) | 1024 | 1024 |
+| `pathfinder` | generated dashed-path images: are the two marked dots on one path? (2 classes) | 1024 | 1024 |
 
 Sizes: ``"tiny"`` (unit tests: a few steps, seconds), ``"ci"`` (every task
 for one layer in a few minutes on two CPU cores) and ``"full"`` (several
@@ -277,9 +271,9 @@ TASKS: dict[str, Task] = {
             sizes={
                 "tiny": _listops_size(32, 2, 3, **_TINY),
                 "ci": _listops_size(128, 3, 5, train_examples=2000, test_examples=500,
-                                    steps=200, batch_size=32, learning_rate=1e-3),
+                                    steps=150, batch_size=16, learning_rate=1e-3),
                 "full": _listops_size(1024, 10, 10, train_examples=8000, test_examples=1000,
-                                      steps=1000, batch_size=32, learning_rate=5e-4,
+                                      steps=500, batch_size=16, learning_rate=5e-4,
                                       dropout=0.1),
             },
             _load=_load_listops,
@@ -290,12 +284,12 @@ TASKS: dict[str, Task] = {
                         "comes from (test chunks from unseen parts of the articles)",
             sizes={
                 "tiny": TaskSize(seq_len=32, params={"num_articles": 10}, **_TINY),
-                "ci": TaskSize(seq_len=256, params={"num_articles": 10}, train_examples=2000,
-                               test_examples=500, steps=200, batch_size=32,
+                "ci": TaskSize(seq_len=128, params={"num_articles": 10}, train_examples=2000,
+                               test_examples=500, steps=150, batch_size=16,
                                learning_rate=1e-3),
                 "full": TaskSize(seq_len=1024, params={"num_articles": 10},
-                                 train_examples=8000, test_examples=1000, steps=1000,
-                                 batch_size=32, learning_rate=5e-4, dropout=0.1),
+                                 train_examples=8000, test_examples=1000, steps=500,
+                                 batch_size=16, learning_rate=5e-4, dropout=0.1),
             },
             _load=_load_text,
         ),
@@ -305,10 +299,10 @@ TASKS: dict[str, Task] = {
                         "article (two-tower model; test articles unseen in training)",
             sizes={
                 "tiny": TaskSize(seq_len=32, **_TINY),
-                "ci": TaskSize(seq_len=128, train_examples=2000, test_examples=500, steps=200,
-                               batch_size=32, learning_rate=1e-3),
+                "ci": TaskSize(seq_len=64, train_examples=2000, test_examples=500, steps=150,
+                               batch_size=16, learning_rate=1e-3),
                 "full": TaskSize(seq_len=512, train_examples=8000, test_examples=1000,
-                                 steps=1000, batch_size=32, learning_rate=5e-4, dropout=0.1),
+                                 steps=500, batch_size=16, learning_rate=5e-4, dropout=0.1),
             },
             _load=_load_retrieval,
         ),
@@ -319,9 +313,9 @@ TASKS: dict[str, Task] = {
             sizes={
                 "tiny": _pixels_size(4, {"levels": 17}, **_TINY),
                 "ci": _pixels_size(8, {"levels": 17}, train_examples=1438, test_examples=359,
-                                   steps=200, batch_size=32, learning_rate=1e-3),
+                                   steps=150, batch_size=32, learning_rate=1e-3),
                 "full": _pixels_size(32, {"levels": 17}, train_examples=1438,
-                                     test_examples=359, steps=1000, batch_size=32,
+                                     test_examples=359, steps=500, batch_size=16,
                                      learning_rate=5e-4, dropout=0.1),
             },
             _load=_load_image,
@@ -333,10 +327,10 @@ TASKS: dict[str, Task] = {
                         "marked end points on one path",
             sizes={
                 "tiny": _pixels_size(8, {"num_distractors": 0, "path_length": 4}, **_TINY),
-                "ci": _pixels_size(16, train_examples=2000, test_examples=500, steps=200,
-                                   batch_size=32, learning_rate=1e-3),
-                "full": _pixels_size(32, train_examples=8000, test_examples=1000, steps=1000,
-                                     batch_size=32, learning_rate=5e-4, dropout=0.1),
+                "ci": _pixels_size(12, train_examples=1000, test_examples=500, steps=150,
+                                   batch_size=16, learning_rate=1e-3),
+                "full": _pixels_size(32, train_examples=8000, test_examples=1000, steps=500,
+                                     batch_size=16, learning_rate=5e-4, dropout=0.1),
             },
             _load=_load_pathfinder,
         ),
