@@ -293,10 +293,11 @@ def _parse_result(stdout: str) -> dict[str, Any] | None:
 def _stream(process: subprocess.Popen, timeout: float,
             on_line: Callable[[str], None]) -> tuple[str, str]:
     """Read the worker's stdout line by line (calling ``on_line``) and its
-    stderr in a thread, until it exits; like ``communicate(timeout=...)``.
+    stderr in threads, until it exits; like ``communicate(timeout=...)``.
 
     Raises:
-        subprocess.TimeoutExpired: the worker ran longer than ``timeout``.
+        subprocess.TimeoutExpired: the worker ran longer than ``timeout``;
+            it is killed first, and the readers have finished.
     """
     deadline = time.monotonic() + timeout
     out_lines: list[str] = []
@@ -313,7 +314,14 @@ def _stream(process: subprocess.Popen, timeout: float,
     readers = [threading.Thread(target=read, daemon=True) for read in (read_stdout, read_stderr)]
     for reader in readers:
         reader.start()
-    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill_tree(process)
+        process.wait()
+        for reader in readers:
+            reader.join(timeout=5.0)
+        raise
     for reader in readers:
         reader.join(timeout=max(1.0, deadline - time.monotonic()))
     return "".join(out_lines), "".join(err_lines)
@@ -366,7 +374,8 @@ def run_job(job: Mapping[str, Any], timeout: float, memory_limit: int,
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_tree(process)
-            stdout, stderr = process.communicate()
+            # After _stream's timeout its readers have drained the pipes.
+            stdout, stderr = process.communicate() if on_line is None else ("", "")
     except BaseException:
         _kill_tree(process)
         process.wait()
