@@ -161,6 +161,9 @@ def resolve_layers(layers: Any, options: Mapping[str, Any] | None = None,
     """The labels of ``layers`` and, per label and task, the layer config the
     worker builds.
 
+    ``"all"`` among ``layers`` stands for every registered short name
+    (:func:`keras_longattn.benchmarks.available_layers`).
+
     A config's ``"${...}"`` placeholders are evaluated at the task's sequence
     length (variables ``seq_len``, ``batch``, ``num_heads``, ``key_dim``,
     ``head_dim``, ``window``; see
@@ -173,8 +176,14 @@ def resolve_layers(layers: Any, options: Mapping[str, Any] | None = None,
         SuiteArgumentError: an unknown layer or a bad config (``layers``),
             an option naming no layer (``option``).
     """
+    layers = [layers] if isinstance(layers, str) else list(layers or ["full"])
+    if any(isinstance(item, str) and item.strip().lower() == "all" for item in layers):
+        # "all": every registered short name, beside any other layer given.
+        layers = registry.available_layers() + [
+            item for item in layers
+            if not (isinstance(item, str) and item.strip().lower() == "all")]
     try:
-        specs = parse_layers(layers if layers is not None else "full")
+        specs = parse_layers(layers)
     except BenchmarkArgumentError as exc:
         raise SuiteArgumentError(exc.argument, exc.detail) from None
     labels = [spec.label for spec in specs]
@@ -307,8 +316,6 @@ def run_suite(
     task_names = parse_tasks(tasks)
     seed_list = parse_seeds(seeds)
     overrides = _parse_overrides(overrides)
-    if isinstance(layers, str) and layers.strip().lower() == "all":
-        layers = registry.available_layers()
     try:
         backend_name = parse_backends(backend if backend is not None else default_backend())
     except BenchmarkArgumentError as exc:

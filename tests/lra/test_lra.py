@@ -132,6 +132,20 @@ def test_run_suite_refuses_bad_arguments(kwargs, argument, text):
     assert info.value.argument == argument
 
 
+def test_all_layers_expands_to_every_registered_name():
+    from keras_longattn.benchmarks import available_layers
+    from keras_longattn.lra.runner import resolve_layers
+
+    labels, specs = resolve_layers(["full", "local"], tasks=["image"], size="ci")
+    assert labels == ["full", "local"]
+    # "${window}" is evaluated per task: n / 8, at least 8.
+    assert specs["local"]["image"]["config"] == {"window": 8, "num_heads": 2, "key_dim": 32}
+    labels, _ = resolve_layers("all", tasks=["image"], size="ci")
+    assert labels == available_layers()
+    with pytest.raises(SuiteArgumentError, match="unknown layer 'nope'"):
+        run_suite(layers=["all", "nope"], size="tiny", backend=BACKEND)
+
+
 def test_unknown_layer_option_is_an_error_naming_it():
     with pytest.raises(SuiteArgumentError, match="'windoww'") as info:
         run_suite(layers='{"class_name": "LocalAttention", "config": {"windoww": 4}}',
