@@ -412,6 +412,29 @@ class AdaMRAAttention(BaseAttention):
         out = ops.einsum(f"bhtm,b{t}mhv->bthv", weights, vs)
         return ops.cast(self._assemble(out, query, context), dtype)
 
+    def attention_support(self, query, value, query_mask=None, value_mask=None):
+        """Which keys each head of each query draws on, for inspection and
+        the docs' figure: boolean ``(B, H, T, S)``, True where query ``t`` is
+        routed to head ``h`` (any head for ``routing="all"``) and key ``s`` is
+        real (it reaches the query through one of head ``h``'s landmarks).
+        O(T * S): not for long sequences.
+
+        Args:
+            query: ``(B, T, dim)`` layer inputs (the layer must be built).
+            value: ``(B, S, dim)``.
+            query_mask: optional boolean ``(B, T)``.
+            value_mask: optional boolean ``(B, S)``.
+        """
+        q = self._query_dense(query)
+        routed = self.routing_weights(q, query_mask) > 0.0  # (B, T, H)
+        routed = ops.transpose(routed, (0, 2, 1))[..., None]  # (B, H, T, 1)
+        batch, S = segments.dims(value)[:2]
+        if value_mask is None:
+            keys = ops.ones((batch, S), dtype="bool")
+        else:
+            keys = ops.cast(value_mask, "bool")
+        return ops.logical_and(routed, keys[:, None, None, :])
+
     # ----------------------------------------------------------------- limit
     def full_attention_limit(self, sequence_length):
         """Rate 1 (every key its own landmark), a softmax, one subhead and

@@ -36,6 +36,11 @@ class TestAdaMRAKernel(AttentionLayerConformance):
     init_kwargs = dict(KWARGS, num_subheads=2)
     implementation = "kernel"
     reference_lengths = (5, 37, 2048)
+    # Property checks run in CI for this class: random lengths, cross
+    # attention and padding; batch composition; unknown lengths while
+    # tracing; non-finite padding.
+    ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
+                     "test_prop_dynamic_length", "test_prop_nonfinite_padding")
 
 
 class TestAdaMRASoftmax(AttentionLayerConformance):
