@@ -149,7 +149,9 @@ def get_spec(name: str) -> LayerSpec:
 #: The built-in short names. The measured configurations are those of the
 #: factories that preceded them (``docs/benchmarks/results.json``): ``local``
 #: uses ``--window``, the sparse layers ``block_length`` 128, ``routing``
-#: about sqrt(n) clusters and its own default window (n / clusters).
+#: about sqrt(n) clusters and its own default window (n / clusters);
+#: ``adamra`` the layer's default rates, ``1 / 2**(h + 1)`` for head ``h``
+#: (the paper's ``(1/2, 1/4, 1/8, 1/16)`` for four heads).
 _BUILTIN = (
     ("full", {"class_name": "FullAttention", "config": {}},
      "keras_longattn FullAttention (exact; the ratio baseline)"),
@@ -165,6 +167,9 @@ _BUILTIN = (
      {"class_name": "RoutingAttention",
       "config": {"num_clusters": "${max(1, round(sqrt(seq_len)))}"}},
      "keras_longattn RoutingAttention, num_clusters round(sqrt(n))"),
+    ("adamra", {"class_name": "AdaMRAAttention", "config": {}},
+     "keras_longattn AdaMRAAttention, compression rates 1/2, 1/4, ... (one per "
+     "head), kernelized ReLU attention, learned routing"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )

@@ -9,3 +9,4 @@ from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.local_attention import LocalAttention
 from keras_longattn.layers.sparse_attention import SparseAttention
 from keras_longattn.layers.routing_attention import RoutingAttention
+from keras_longattn.layers.adamra_attention import AdaMRAAttention

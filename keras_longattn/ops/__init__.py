@@ -15,13 +15,17 @@
   keys (summaries, global tokens);
 * :mod:`~keras_longattn.ops.segments`: gathers, scatter-mean and segment
   sums over the ``(B, n, H, d)`` token layout;
+* :mod:`~keras_longattn.ops.kernelized`: kernelized (linear) attention
+  ``phi(Q) (phi(K)^T V)`` with a safe normaliser, and its explicit
+  quadratic form;
 * :mod:`~keras_longattn.ops.kmeans`: online spherical k-means (routing as a
   pure function);
 * :mod:`~keras_longattn.ops.chunked`: sorted-chunk attention over buckets;
 * :mod:`~keras_longattn.ops.rotary`: rotary position embeddings;
 * paper modules, with only what is specific to their paper:
   :mod:`~keras_longattn.ops.sparse` (Sparse Transformer patterns) and
-  :mod:`~keras_longattn.ops.routing` (balanced cluster attention).
+  :mod:`~keras_longattn.ops.routing` (balanced cluster attention) and
+  :mod:`~keras_longattn.ops.adamra` (compression rates, the router).
 
 Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
 
@@ -29,7 +33,9 @@ Shape legend used throughout: B batch, T query length, S key length,
 H heads, d head size.
 """
 
+from keras_longattn.ops import adamra
 from keras_longattn.ops import chunked
+from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing
 from keras_longattn.ops import segments
@@ -44,6 +50,11 @@ from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.chunked import sorted_chunk_attention
 from keras_longattn.ops.chunked import sorted_chunk_mask
 from keras_longattn.ops.fused import fused_dot_product_attention
+from keras_longattn.ops.kernelized import feature_map
+from keras_longattn.ops.kernelized import kernel_attention
+from keras_longattn.ops.kernelized import kernel_attention_reference
+from keras_longattn.ops.kernelized import normalized_kernel_weights
+from keras_longattn.ops.kernelized import safe_denominator
 from keras_longattn.ops.kmeans import Routing
 from keras_longattn.ops.kmeans import route
 from keras_longattn.ops.patterns import AttentionPattern
@@ -65,6 +76,8 @@ from keras_longattn.ops.reference import merge_attention_parts
 from keras_longattn.ops.reference import reference_attention
 from keras_longattn.ops.reference import softmax_with_lse
 from keras_longattn.ops.rotary import apply_rotary
+from keras_longattn.ops.segments import contiguous_segment_matrix
+from keras_longattn.ops.segments import contiguous_segment_means
 from keras_longattn.ops.segments import gather_tokens
 from keras_longattn.ops.shapes import length
 from keras_longattn.ops.segments import scatter_mean

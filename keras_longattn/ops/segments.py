@@ -141,3 +141,120 @@ def row_bincount(x, num_bins):
     counts = segment_sum(ops.ones_like(ids, dtype="float32"), ids, batch * H * (k + 1))
     counts = ops.reshape(counts, (-1, H, k + 1))[..., :k]
     return ops.cast(counts, "int32")
+
+
+# ------------------------------------------------- contiguous segment means
+def _real_ranks(mask, lead_shape, length):
+    """Rank of each position among the real ones of its row (``-1`` before
+    the first), whether it is real, and the count of real positions.
+
+    ``mask``: optional boolean ``(*lead, n)``; None: every position is real.
+    """
+    if mask is None:
+        rank = ops.broadcast_to(ops.arange(length, dtype="int32"), lead_shape + (length,))
+        real = ops.ones_like(rank, dtype="bool")
+        count = ops.full(lead_shape, length, dtype="int32")
+        return rank, real, count
+    real = ops.cast(mask, "bool")
+    flags = ops.cast(real, "int32")
+    rank = ops.cumsum(flags, axis=-1) - 1
+    count = ops.sum(flags, axis=-1)
+    return rank, real, count
+
+
+def contiguous_segment_counts(real_count, segment_length, num_segments):
+    """How many real tokens each contiguous segment holds.
+
+    Segment ``j`` of a row holds the real tokens of ranks ``j * l`` to
+    ``(j + 1) * l - 1``: ``clip(count - j * l, 0, l)``.
+
+    Args:
+        real_count: int ``(*lead,)`` real tokens per row.
+        segment_length: int ``(*lead, H)``, at least 1.
+        num_segments: M (int or scalar tensor).
+
+    Returns:
+        float32 ``(*lead, M, H)``.
+    """
+    j = ops.arange(num_segments, dtype="int32")[:, None]  # (M, 1)
+    seg_len = ops.cast(segment_length, "int32")[..., None, :]  # (*lead, 1, H)
+    count = ops.cast(real_count, "int32")[..., None, None]
+    counts = ops.clip(count - j * seg_len, 0, seg_len)
+    return ops.cast(counts, "float32")
+
+
+def contiguous_segment_means(x, segment_length, num_segments, mask=None):
+    """Means of consecutive runs of real tokens, per example and head, by
+    one segment sum for all heads.
+
+    The real tokens of each example (``mask`` True, wherever the padding
+    is) are numbered ``0 .. n_b - 1`` in order; for head ``h`` the token of
+    rank ``r`` belongs to segment ``r // segment_length[b, h]``. Padding
+    takes no part in any mean, and an example's segments do not depend on
+    how much padding its batch adds. Segments past the last real token
+    (or at or beyond ``num_segments``) are empty: mean 0, count 0.
+
+    Time and memory O(B * n * H * d + B * M * H * d): no ``(M, n)``
+    matrix (:func:`contiguous_segment_matrix` is that explicit form).
+
+    Args:
+        x: ``(B, n, H, d)``.
+        segment_length: int ``(B, H)``, at least 1.
+        num_segments: M, the segment slots per example and head (int or
+            scalar tensor).
+        mask: optional boolean ``(B, n)``, False for padding.
+
+    Returns:
+        ``(means, counts)``: ``(B, M, H, d)`` in the dtype of ``x`` (summed
+        in float32) and float32 ``(B, M, H)``.
+    """
+    batch, n, H, d = dims(x)
+    rank, real, count = _real_ranks(mask, (batch,), n)
+    seg_len = ops.cast(segment_length, "int32")
+    seg = rank[:, :, None] // seg_len[:, None, :]  # (B, n, H)
+    valid = ops.logical_and(real[:, :, None], seg < num_segments)
+    b = ops.arange(batch, dtype="int32")[:, None, None]
+    h = ops.arange(H, dtype="int32")[None, None, :]
+    ids = (b * num_segments + seg) * H + h
+    total = batch * num_segments * H
+    ids = ops.where(valid, ids, total)  # padding -> one discarded row
+    sums = segment_sum(
+        ops.cast(ops.reshape(x, (-1, d)), "float32"), ops.reshape(ids, (-1,)), total + 1
+    )
+    sums = ops.reshape(sums[:total], (batch, num_segments, H, d))
+    counts = contiguous_segment_counts(count, seg_len, num_segments)
+    means = sums / ops.maximum(counts, 1.0)[..., None]
+    return ops.cast(means, x.dtype), counts
+
+
+def contiguous_segment_matrix(segment_length, num_segments, length, mask=None):
+    """The explicit averaging matrix of :func:`contiguous_segment_means`.
+
+    ``means = einsum("...mhn,bnhd->...mhd", matrix, x)``. O(M * n) memory per
+    row: for references and tests.
+
+    Args:
+        segment_length: int ``(*lead, H)``, at least 1 (``lead`` is ``(B,)``
+            or ``(B, T)``: one segmentation per query row, e.g. under a
+            dense attention mask).
+        num_segments: M.
+        length: n.
+        mask: optional boolean ``(*lead, n)`` (None: all real; then
+            ``lead`` comes from ``segment_length``).
+
+    Returns:
+        ``(matrix, counts)``: float32 ``(*lead, M, H, n)`` whose rows
+        average the members of each segment (zero rows for empty ones), and
+        float32 counts ``(*lead, M, H)``.
+    """
+    seg_len = ops.cast(segment_length, "int32")
+    lead = tuple(dims(seg_len)[:-1])
+    rank, real, count = _real_ranks(mask, lead, length)
+    seg = rank[..., None, :] // seg_len[..., :, None]  # (*lead, H, n)
+    j = ops.arange(num_segments, dtype="int32")[:, None, None]  # (M, 1, 1)
+    member = ops.logical_and(
+        ops.expand_dims(seg, -3) == j, real[..., None, None, :]
+    )  # (*lead, M, H, n)
+    counts = contiguous_segment_counts(count, seg_len, num_segments)
+    matrix = ops.cast(member, "float32") / ops.maximum(counts, 1.0)[..., None]
+    return matrix, counts

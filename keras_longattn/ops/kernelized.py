@@ -1,0 +1,169 @@
+"""Kernelized (linear) attention: similarities ``phi(q) . phi(k)`` with a
+non-negative feature map ``phi``, normalised per query.
+
+Written as ``phi(Q) (phi(K)^T V)`` the cost is linear in the number of keys
+(Katharopoulos et al. 2020): the ``(F, dv)`` key/value summary and the
+``(F,)`` normaliser of each head are computed once and shared by every
+query. The explicit quadratic form (the ``(T, S)`` weights materialised) is
+here too, as the specification the associative form is checked against.
+
+Safe denominator: a query whose features are all zero (ReLU features of a
+query with no positive coordinate) has the normaliser ``phi(q) . sum_j
+phi(k_j) = 0``. Both forms divide by ``max(normaliser, epsilon)`` instead, so
+such a query gets an output of exactly zero, finite gradients, and every
+other query is unchanged while its normaliser is at least ``epsilon``
+(:data:`DEFAULT_EPSILON`).
+
+Everything is accumulated in float32 and returned in the dtype of
+``value`` (under ``mixed_float16`` a sum over tens of thousands of keys
+would overflow float16).
+
+Shape legend: B batch, T query length, S key length, H heads, F features
+per head, dv value head size.
+"""
+
+from keras import ops
+
+#: Feature maps understood by :func:`feature_map`.
+FEATURE_MAPS = ("relu", "elu+1")
+
+#: Smallest normaliser a query is divided by (see the module docstring).
+DEFAULT_EPSILON = 1e-6
+
+
+def check_feature_map(name):
+    """``name`` if it is one of :data:`FEATURE_MAPS`, else a ValueError
+    naming ``feature_map`` and the value received."""
+    if not isinstance(name, str) or name not in FEATURE_MAPS:
+        raise ValueError(
+            f"`feature_map` must be one of {FEATURE_MAPS}. "
+            f"Received: feature_map={name!r}"
+        )
+    return name
+
+
+def feature_map(x, name="relu"):
+    """The non-negative features ``phi(x)``: ``"relu"`` (``max(x, 0)``, may
+    be all zero) or ``"elu+1"`` (``elu(x) + 1``, always positive)."""
+    check_feature_map(name)
+    if name == "relu":
+        return ops.relu(x)
+    return ops.elu(x) + ops.cast(1.0, x.dtype)
+
+
+def safe_denominator(normaliser, epsilon=DEFAULT_EPSILON):
+    """``max(normaliser, epsilon)``: the divisor of kernelized attention."""
+    return ops.maximum(normaliser, ops.cast(epsilon, normaliser.dtype))
+
+
+def _masked_keys(key_features, value, key_mask):
+    """Features and values of masked keys set to exact zeros (``where``,
+    not a product: a NaN there must not leak)."""
+    if key_mask is None:
+        return key_features, value
+    mask = ops.cast(key_mask, "bool")
+    if len(mask.shape) == 2:  # (B, S)
+        mask = mask[:, :, None]
+    mask = mask[..., None]  # (B, S, H or 1, 1)
+    key_features = ops.where(mask, key_features, ops.zeros_like(key_features))
+    value = ops.where(mask, value, ops.zeros_like(value))
+    return key_features, value
+
+
+def kernel_attention(
+    query_features,
+    key_features,
+    value,
+    key_mask=None,
+    epsilon=DEFAULT_EPSILON,
+):
+    """Kernelized attention in its associative (linear) form.
+
+    ``out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / max(phi(q_i)^T sum_j
+    phi(k_j), epsilon)``. Time O((T + S) * F * dv) per head, memory
+    O((T + S) * (F + dv) + F * dv): no ``(T, S)`` tensor.
+
+    Args:
+        query_features: non-negative ``(B, T, H, F)`` (``phi`` applied).
+        key_features: non-negative ``(B, S, H, F)``.
+        value: ``(B, S, H, dv)``.
+        key_mask: optional boolean ``(B, S)`` or ``(B, S, H)``; False keys
+            take no part (their features and values may be anything).
+        epsilon: smallest divisor (see the module docstring).
+
+    Returns:
+        ``(B, T, H, dv)`` in the dtype of ``value``.
+    """
+    dtype = value.dtype
+    qf = ops.cast(query_features, "float32")
+    kf = ops.cast(key_features, "float32")
+    v = ops.cast(value, "float32")
+    kf, v = _masked_keys(kf, v, key_mask)
+    summary = ops.einsum("bshf,bshv->bhfv", kf, v)  # (B, H, F, dv)
+    total = ops.sum(kf, axis=1)  # (B, H, F)
+    num = ops.einsum("bthf,bhfv->bthv", qf, summary)
+    den = ops.einsum("bthf,bhf->bth", qf, total)
+    out = num / safe_denominator(den, epsilon)[..., None]
+    return ops.cast(out, dtype)
+
+
+def normalized_kernel_weights(similarity, mask=None, epsilon=DEFAULT_EPSILON):
+    """Rows of non-negative similarities divided by their (safe) sums.
+
+    Args:
+        similarity: ``phi(q) . phi(k)``, non-negative, any shape whose last
+            axis is the keys.
+        mask: optional boolean, broadcastable to ``similarity``; masked
+            entries get weight exactly 0.
+        epsilon: smallest divisor.
+
+    Returns:
+        float32 weights of the shape of ``similarity``; each row sums to 1,
+        or to less where its sum is below ``epsilon`` (0 for an all-zero
+        row).
+    """
+    similarity = ops.cast(similarity, "float32")
+    if mask is not None:
+        similarity = ops.where(
+            ops.cast(mask, "bool"), similarity, ops.zeros_like(similarity)
+        )
+    den = ops.sum(similarity, axis=-1, keepdims=True)
+    return similarity / safe_denominator(den, epsilon)
+
+
+def kernel_attention_reference(
+    query_features,
+    key_features,
+    value,
+    key_mask=None,
+    epsilon=DEFAULT_EPSILON,
+    return_weights=False,
+):
+    """The explicit quadratic form of :func:`kernel_attention`.
+
+    Materialises the ``(B, H, T, S)`` weights ``phi(q_i) . phi(k_j)``,
+    normalises each row with :func:`normalized_kernel_weights` and takes
+    the weighted sum of the values. O(T * S) memory: the specification.
+
+    Args:
+        query_features: non-negative ``(B, T, H, F)``.
+        key_features: non-negative ``(B, S, H, F)``.
+        value: ``(B, S, H, dv)``.
+        key_mask: optional boolean ``(B, S)`` or ``(B, S, H)``.
+        epsilon: smallest divisor.
+        return_weights: also return the float32 weights.
+
+    Returns:
+        ``(B, T, H, dv)`` in the dtype of ``value`` (and the weights).
+    """
+    dtype = value.dtype
+    qf = ops.cast(query_features, "float32")
+    kf = ops.cast(key_features, "float32")
+    v = ops.cast(value, "float32")
+    kf, v = _masked_keys(kf, v, key_mask)
+    similarity = ops.einsum("bthf,bshf->bhts", qf, kf)
+    weights = normalized_kernel_weights(similarity, epsilon=epsilon)
+    out = ops.cast(ops.einsum("bhts,bshv->bthv", weights, v), dtype)
+    if return_weights:
+        return out, weights
+    return out
