@@ -6,6 +6,12 @@
   ``"slow"`` profile under ``--run-slow`` (see
   :mod:`keras_longattn.testing.properties`; ``HYPOTHESIS_PROFILE`` names
   another registered profile).
+* ``@pytest.mark.grid`` marks the extra points of a parameter grid of a
+  backend-independent op (written once in ``keras.ops``): the whole grid
+  runs on the torch backend (the fastest one on a CPU) and everywhere
+  under ``--run-slow``; on jax and tensorflow only the unmarked points run,
+  which cover every code path of the op (eager JAX compiles each primitive
+  once per new shape, so every extra shape costs seconds there).
 * Tests listed in a test class's ``known_failures`` are marked
   ``xfail(strict=True)``.
 """
@@ -35,6 +41,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: long-running tests, skipped unless --run-slow is given"
     )
+    config.addinivalue_line(
+        "markers", "grid: an extra grid point, run on torch and with --run-slow only"
+    )
     try:
         from keras_longattn.testing import properties
     except ImportError:  # hypothesis not installed: the property tests fail to import
@@ -50,6 +59,13 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("slow") is not None:
                 item.add_marker(skip)
+        if os.environ.get("KERAS_BACKEND", "tensorflow") != "torch":
+            skip_grid = pytest.mark.skip(
+                reason="extra grid point: runs on torch, or with --run-slow"
+            )
+            for item in items:
+                if item.get_closest_marker("grid") is not None:
+                    item.add_marker(skip_grid)
     try:
         from keras_longattn.testing.properties import apply_known_failures
     except ImportError:

@@ -145,8 +145,15 @@ def test_clustered_window_mask_matches_brute_force(shared):
             )
 
 
-@pytest.mark.parametrize("fused, slices", [(False, None), (True, None), (True, 3)])
-@pytest.mark.parametrize("shared, w", [(False, 1), (True, 4), (False, 64)])
+_WINDOW_CASES = [  # (shared, w, fused, slices); the diagonal runs everywhere
+    pytest.param(shared, w, fused, slices,
+                 marks=() if i == j else pytest.mark.grid)
+    for i, (shared, w) in enumerate([(False, 1), (True, 4), (False, 64)])
+    for j, (fused, slices) in enumerate([(False, None), (True, None), (True, 3)])
+]
+
+
+@pytest.mark.parametrize("shared, w, fused, slices", _WINDOW_CASES)
 def test_clustered_window_attention_equals_dense_mask(shared, w, fused, slices, monkeypatch):
     """Einsum and fused chunk paths (the fused one also cut into slices of
     3 chunks per attention call, as torch does for long inputs)."""
