@@ -29,6 +29,7 @@ from keras_longattn.benchmarks import (
 )
 from keras_longattn.benchmarks import config as bench_config
 from keras_longattn.benchmarks import layer_config, runner, worker
+from keras_longattn.benchmarks import registry as bench_registry
 from keras_longattn.benchmarks.report import CSV_COLUMNS, format_notes, to_csv
 
 BACKEND = keras.backend.backend()
@@ -172,7 +173,8 @@ def test_parsing():
 @pytest.mark.parametrize(
     "kwargs, argument, text",
     [
-        ({"layers": "full,nope"}, "layers", "known layers: full, local, sparse-strided, sparse-fixed, routing, mha"),
+        ({"layers": "full,nope"}, "layers",
+         "known layers: " + ", ".join(bench_registry.available_layers())),
         ({"lengths": [1024, 0]}, "lengths", ">= 1"),
         ({"lengths": "12x"}, "lengths", "not an integer"),
         ({"backends": "mxnet"}, "backends", "jax, tensorflow, torch"),
