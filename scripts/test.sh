@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 t0=$(date +%s)
 source scripts/bootstrap.sh || { echo "[test] set-up failed"; exit 1; }
+# bootstrap.sh sets -e for itself; here a failing backend must not stop the
+# others or the summary.
+set +e
 echo "[stage] setup: $(( $(date +%s) - t0 ))s"
 
 status=0
