@@ -18,7 +18,8 @@ import pytest
 
 import keras
 
-from keras_longattn.layers import FullAttention, RoutingAttention, SparseAttention
+from keras_longattn.layers import AdaMRAAttention, FullAttention, RoutingAttention, SparseAttention
+from keras_longattn.reproductions import adamra as ar
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import routing_transformer as rt
 from keras_longattn.reproductions import sparse_transformer as st
@@ -238,3 +239,117 @@ def test_sparse_planted_dense_swap_fails_on_cost():
                               SPARSE_MARGINS)
     assert {"image_step_strided", "image_step_fixed", "bench_strided",
             "bench_fixed"} <= _failed(claims)
+
+
+# ------------------------------------------------------------------- adamra
+
+ADAMRA_MARGINS = dict(max_head_share=0.9, probe_tolerance=1e-4, accuracy_margin=3.0,
+                      min_above_chance=10.0, min_bench_speedup=5.0,
+                      max_bench_memory_ratio=0.25, bench_length=4096)
+ADAMRA_LENGTH, ADAMRA_DIM = 32, 16
+
+
+def _adamra_layer(cls=AdaMRAAttention, **kwargs):
+    keras.utils.set_random_seed(0)
+    kwargs.setdefault("compression_rates", (1 / 2, 1 / 4, 1 / 8, 1 / 16))
+    return cls(num_heads=4, key_dim=8, **kwargs)
+
+
+def _adamra_inputs():
+    return np.random.default_rng(1).normal(
+        size=(2, ADAMRA_LENGTH, ADAMRA_DIM)).astype("float32")
+
+
+@functools.lru_cache(maxsize=None)
+def _adamra_probes(variant):
+    """(head shares, segment probe) measured on a tiny real layer: the real
+    one, or a planted variant."""
+    if variant == "real":
+        layer = _adamra_layer()
+    elif variant == "constant_router":
+        layer = _adamra_layer(ar.ConstantRouterAdaMRA)
+    elif variant == "uncompressed":
+        keras.utils.set_random_seed(0)
+        layer = ar.uncompressed_adamra(num_heads=4, key_dim=8)
+    else:  # dense swap
+        keras.utils.set_random_seed(0)
+        layer = AdaMRAAttention(num_heads=4, key_dim=8, compression_rates=(1.0,) * 4,
+                                routing="all", attention="softmax")
+    shares = ar.head_shares(layer, _adamra_inputs())
+    probe = ar.segment_mean_probe(layer, ADAMRA_LENGTH, ADAMRA_DIM)
+    return tuple(float(s) for s in shares), probe
+
+
+def _adamra_results(shares, probe, ablation=None, bench=None):
+    return {
+        "head_shares": list(shares),
+        "segment_probe": probe,
+        "suite": {"full": {"image": [40.0, 41.0], "listops": [30.0, 38.0]},
+                  "adamra": {"image": [45.0, 46.0], "listops": [31.0, 36.0]}},
+        "chance": {"image": 10.0, "listops": 10.0},
+        "ablation_task": "image",
+        "ablation": ablation or {"learned": [45.0, 46.0], "random": [41.0, 42.0],
+                                 "softmax": [41.0, 43.0], "rates:1/2,1/2,1/2,1/2": [39.0, 40.0]},
+        "bench": bench or {"full": {"median_ms": 200.0, "peak_mib": 400.0},
+                           "adamra": {"median_ms": 10.0, "peak_mib": 40.0}},
+    }
+
+
+def test_adamra_real_layer_passes():
+    shares, probe = _adamra_probes("real")
+    assert probe["inside"] < 1e-4 < probe["across"]
+    claims = ar.adamra_claims(_adamra_results(shares, probe), ADAMRA_MARGINS)
+    assert not _failed(claims)
+    cl.assert_claims(claims)
+    # Accuracy comparisons are asserted only where the seeds separate them.
+    by_name = {c.name: c for c in claims}
+    assert by_name["ablation_task_parity"].asserted
+    assert not by_name["image_adamra_beats_full"].asserted
+
+
+def test_adamra_parity_not_asserted_when_seeds_do_not_separate():
+    shares, probe = _adamra_probes("real")
+    results = _adamra_results(shares, probe)
+    results["suite"]["full"]["image"] = [30.0, 50.0]  # spread 20 > margin 3
+    claims = {c.name: c for c in ar.adamra_claims(results, ADAMRA_MARGINS)}
+    parity = claims["ablation_task_parity"]
+    assert parity.verdict == cl.NOT_TESTABLE and not parity.asserted
+
+
+def test_adamra_planted_constant_router_fails():
+    # Bug: the router replaced by a constant (every query to head 0).
+    shares, probe = _adamra_probes("constant_router")
+    assert shares[0] == 1.0
+    claims = ar.adamra_claims(_adamra_results(shares, probe), ADAMRA_MARGINS)
+    assert "router_spreads" in _failed(claims)
+    with pytest.raises(cl.ClaimFailure):
+        cl.assert_claims(claims)
+
+
+def test_adamra_planted_compression_disabled_fails():
+    # Bug: compression switched off (every key its own landmark): a change
+    # inside a segment now reaches the other queries.
+    shares, probe = _adamra_probes("uncompressed")
+    assert probe["inside"] > 1e-2
+    claims = ar.adamra_claims(_adamra_results(shares, probe), ADAMRA_MARGINS)
+    assert "segment_means" in _failed(claims)
+
+
+def test_adamra_planted_dense_swap_fails():
+    # Bug: the layer swapped for dense multi-head attention (rate 1, every
+    # head for every query, softmax): every probe and the cost claim fail.
+    shares, probe = _adamra_probes("dense")
+    bench = {"full": {"median_ms": 200.0, "peak_mib": 400.0},
+             "adamra": {"median_ms": 190.0, "peak_mib": 410.0}}
+    claims = ar.adamra_claims(_adamra_results(shares, probe, bench=bench), ADAMRA_MARGINS)
+    assert {"router_spreads", "segment_means", "bench"} <= _failed(claims)
+
+
+def test_adamra_planted_no_learning_fails():
+    # Bug: a model that does not learn the ablation task (e.g. labels
+    # shuffled, or the attention output dropped) stays at chance.
+    shares, probe = _adamra_probes("real")
+    ablation = {"learned": [10.5, 11.0], "random": [10.0, 11.0]}
+    claims = ar.adamra_claims(_adamra_results(shares, probe, ablation=ablation),
+                              ADAMRA_MARGINS)
+    assert {"ablation_task_learned", "ablation_task_parity"} <= _failed(claims)
