@@ -182,6 +182,18 @@ class HostMemory:
         return max(0, self.peak() - self.baseline)
 
 
+def record_failure(result: dict, stage: str, exc: BaseException) -> None:
+    """Turns an exception raised while measuring into ``result``'s status
+    (``"oom"`` or ``"error"``), a one-line message naming ``stage`` and the
+    traceback's tail; a ``KeyboardInterrupt`` is raised again."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    result["status"] = "oom" if _is_oom(exc) else "error"
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    result["message"] = f"{stage}: {type(exc).__name__}: {first_line}"[:500]
+    result["traceback"] = traceback.format_exc()[-4000:]
+
+
 def _is_oom(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation failure of Python or a backend."""
     if isinstance(exc, MemoryError):
@@ -609,12 +621,7 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
             max_ms=max(times),
         )
     except BaseException as exc:  # noqa: BLE001 - everything becomes a status
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        result["status"] = "oom" if _is_oom(exc) else "error"
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        result["message"] = f"{stage}: {type(exc).__name__}: {first_line}"[:500]
-        result["traceback"] = traceback.format_exc()[-4000:]
+        record_failure(result, stage, exc)
     result["python"] = platform.python_version()
     return result
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from keras_longattn.benchmarks import registry
+from keras_longattn.benchmarks.command import _argument_type as _convert
 from keras_longattn.benchmarks.config import BenchmarkArgumentError, parse_option
 
 from .report import SPREADS
@@ -44,17 +45,6 @@ examples:
   keras-longattn lra --tasks listops,image --layers \\
       '{"class_name": "LocalAttention", "config": {"window": 16}}'
 """
-
-
-def _convert(parse, flag: str):
-    def convert(text: str):
-        try:
-            return parse(text)
-        except BenchmarkArgumentError as exc:
-            raise argparse.ArgumentTypeError(exc.detail) from None
-
-    convert.__name__ = flag.lstrip("-")
-    return convert
 
 
 def _override(text: str):

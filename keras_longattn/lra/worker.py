@@ -34,10 +34,9 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from typing import Any, Callable
 
-from keras_longattn.benchmarks.worker import RESULT_MARKER
+from keras_longattn.benchmarks.worker import RESULT_MARKER, record_failure
 
 __all__ = ["PROGRESS_MARKER", "MODEL_CONFIG", "build_model", "train_and_evaluate", "run_job",
            "main"]
@@ -174,8 +173,6 @@ def run_job(job: dict[str, Any], emit: Callable[[str], None] = print) -> dict[st
         ``seeds`` (one dict per seed, see :func:`train_and_evaluate`),
         ``data_s`` and versions.
     """
-    from keras_longattn.benchmarks.worker import _is_oom
-
     backend = job.get("backend") or os.environ.get("KERAS_BACKEND") or "jax"
     result: dict[str, Any] = {"status": "error", "message": "", "seeds": []}
     stage = "setup"
@@ -210,12 +207,7 @@ def run_job(job: dict[str, Any], emit: Callable[[str], None] = print) -> dict[st
                 shuffle_labels=bool(job.get("shuffle_labels", False))))
         result["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything becomes a status
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        result["status"] = "oom" if _is_oom(exc) else "error"
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        result["message"] = f"{stage}: {type(exc).__name__}: {first_line}"[:500]
-        result["traceback"] = traceback.format_exc()[-4000:]
+        record_failure(result, stage, exc)
     return result
 
 
