@@ -14,9 +14,9 @@
 #              paper notebook is executed by the nbval stage
 #   lra        the LRA-style suite at CI size, every task for one layer
 #              (keras-longattn lra; reports in build/lra/)
-#   nbval      execute every notebook of notebooks/ at its CI-size defaults
-#              with nbval (--nbval-lax: every cell must run, the cell tagged
-#              nbval-check-output must print the committed verdict); the
+#   nbval      execute every notebook of notebooks/ (committed without
+#              outputs) at its CI-size defaults with nbval (--nbval-lax:
+#              every cell must run, so a failed claim assert fails it); the
 #              paper notebooks write their CI-size results to
 #              build/notebooks/<slug>.json. One execution per notebook: the
 #              paper notebooks are not run by papermill as well unless
