@@ -15,7 +15,8 @@
 #   lra        the LRA-style suite at CI size, every task for one layer
 #              (keras-longattn lra; reports in build/lra/)
 #   nbval      execute every notebook of notebooks/ (committed without
-#              outputs) at its CI-size defaults with nbval (--nbval-lax:
+#              outputs) that the notebooks stage did not execute, at its
+#              CI-size defaults, with nbval (--nbval-lax:
 #              every cell must run, so a failed claim assert fails it); the
 #              paper notebooks write their CI-size results to
 #              build/notebooks/<slug>.json. One execution per notebook: the
@@ -63,8 +64,19 @@ stage_lra() {
 stage_nbval() {
   # Copies of the committed notebooks, run from build/nbval so that what a
   # notebook writes next to itself stays out of notebooks/.
+  # The notebooks that the notebooks stage executed with papermill (which
+  # fails on a cell's error as nbval does) are not run a second time.
   rm -rf "$NBVAL_DIR" && mkdir -p "$NBVAL_DIR"
-  cp notebooks/*.ipynb "$NBVAL_DIR"/
+  local ran=" ${NOTEBOOKS:-quickstart} " path slug
+  for path in notebooks/*.ipynb; do
+    slug=$(basename "$path" .ipynb)
+    if [[ "$STAGES" == *notebooks* ]] && { [ "$ran" = " all " ] || [[ "$ran" == *" $slug "* ]]; }; then
+      echo "[nbval] $slug: executed by the notebooks stage"
+      continue
+    fi
+    cp "$path" "$NBVAL_DIR"/
+  done
+  compgen -G "$NBVAL_DIR/*.ipynb" >/dev/null || { echo "[nbval] nothing left to run"; return 0; }
   python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env "$NBVAL_DIR"/*.ipynb
 }
 

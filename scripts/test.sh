@@ -13,6 +13,23 @@ source scripts/bootstrap.sh || { echo "[test] set-up failed"; exit 1; }
 set +e
 echo "[stage] setup: $(( $(date +%s) - t0 ))s"
 
+# Compilation caches outside the clone: JAX's persistent cache (XLA
+# programs, keyed by the program, the XLA flags and the jax version) and
+# TorchInductor's. Two thirds of the JAX unit tests' time is XLA compiling
+# small programs; a machine that ran the suite before reuses them, a new
+# machine starts empty and fills the cache as it goes. Nothing else changes:
+# the same tests run and compute the same values.
+# KERAS_LONGATTN_COMPILE_CACHE=off: no cache; =DIR: another place.
+cache_root="${KERAS_LONGATTN_COMPILE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-longattn}"
+if [ "$cache_root" != off ] && mkdir -p "$cache_root/jax" "$cache_root/torchinductor" 2>/dev/null; then
+  export JAX_COMPILATION_CACHE_DIR="$cache_root/jax"
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+  export JAX_COMPILATION_CACHE_MAX_SIZE=$(( 2 * 1024 * 1024 * 1024 ))
+  export TORCHINDUCTOR_CACHE_DIR="$cache_root/torchinductor"
+  echo "[test] compilation caches in $cache_root ($(du -sh "$cache_root" 2>/dev/null | cut -f1) now)"
+fi
+
 status=0
 summary=()
 for backend in ${BACKENDS:-jax tensorflow torch}; do

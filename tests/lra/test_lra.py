@@ -1,8 +1,9 @@
 """The LRA-style suite: tasks, runner, report and command line.
 
 Training runs at the ``"tiny"`` size (two steps), in this process except for
-one test of the subprocess path; the check that a real model beats chance
-while a planted broken one does not is slow (``--run-slow``).
+one test of the subprocess path, on torch (``grid`` tests: every backend with
+``--run-slow``); the check that a real model beats chance while a planted
+broken one does not is slow (``--run-slow``).
 """
 
 import json
@@ -192,12 +193,19 @@ def test_cli_lists_tasks(capsys):
 # ---------------------------------------------------------------------------
 
 
+#: Training the five tasks is Keras model code that the model tests cover on
+#: every backend; here it runs on torch (the fastest on a CPU) and on every
+#: backend with --run-slow. The CI's lra stage trains every task on jax.
+trains = pytest.mark.grid
+
+
 @pytest.fixture(scope="module")
 def tiny_results():
     """Every task, one layer, one seed, two steps each, in this process."""
     return run_suite(layers="full", size="tiny", seeds=1, backend=BACKEND, isolate=False)
 
 
+@trains
 def test_tiny_run_fills_every_column(tiny_results):
     assert [(row["task"], row["status"]) for row in tiny_results] == [
         (name, "ok") for name in TASK_NAMES]
@@ -219,6 +227,7 @@ def test_tiny_run_fills_every_column(tiny_results):
     assert "sample standard deviation over 1 seed(s) [0]" in table
 
 
+@trains
 def test_json_and_csv_round_trip(tiny_results, tmp_path):
     paths = tiny_results.write(tmp_path)
     assert (tmp_path / "latest.json").exists() and (tmp_path / "latest.csv").exists()
@@ -236,6 +245,7 @@ def test_json_and_csv_round_trip(tiny_results, tmp_path):
     assert from_csv.table() == tiny_results.table()
 
 
+@trains
 def test_same_seed_same_accuracy_and_loss(tiny_results):
     (again,) = run_suite(layers="full", tasks="image", size="tiny", seeds=[0],
                          backend=BACKEND, isolate=False)
@@ -261,6 +271,7 @@ def test_spread_over_seeds_and_ratio_rows():
     assert "[50.0–70.0]" in results.table(spread="range")
 
 
+@trains
 def test_subprocess_run_streams_progress(capsys):
     from keras_longattn.benchmarks.progress import PlainProgress
 
