@@ -12,3 +12,4 @@ from keras_longattn.layers.routing_attention import RoutingAttention
 from keras_longattn.layers.adamra_attention import AdaMRAAttention
 from keras_longattn.layers.linformer_attention import LinformerAttention
 from keras_longattn.layers.linformer_attention import LinformerProjection
+from keras_longattn.layers.synthesizer_attention import SynthesizerAttention
