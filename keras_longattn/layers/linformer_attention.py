@@ -472,7 +472,7 @@ def _per_head(initializer, shape):
     if len(shape) == 3 and isinstance(initializer, keras.initializers.Identity):
 
         def init(shape, dtype=None):
-            return ops.broadcast_to(initializer(shape[1:], dtype=dtype), shape)
+            return ops.tile(initializer(shape[1:], dtype=dtype)[None], (shape[0], 1, 1))
 
         return init
     return initializer
