@@ -81,7 +81,12 @@ def numpy_linformer(layer, query, value, value_mask=None):
 
 
 # ----------------------------------------------------------- definition
-@pytest.mark.parametrize("sharing", ["headwise", "none"])
+@pytest.mark.parametrize(
+    "sharing",
+    # "none" is the same keras.ops code with per-head matrices (its fused
+    # path runs the conformance suite on every backend): torch only in CI.
+    ["headwise", pytest.param("none", marks=pytest.mark.grid)],
+)
 def test_paths_equal_numpy_loop(sharing):
     """Shorter inputs (37 of max_length 64) use the leading columns of E
     and F; every path equals an independent NumPy loop, with padding."""
@@ -200,10 +205,10 @@ def test_layerwise_arguments():
 def test_identity_limit_equals_full_attention():
     """k = n and identity E = F: FullAttention on the same weights (also
     with cross-attention, T != S)."""
-    q, kv = _x(T=11), _x(T=23, seed=1)
+    q, kv = _x(T=16), _x(T=37, seed=1)
     full = FullAttention(num_heads=2, key_dim=8)
     full(q, kv)
-    overrides, tol = LinformerAttention(**KWARGS).full_attention_limit(23)
+    overrides, tol = LinformerAttention(**KWARGS).full_attention_limit(37)
     limited = LinformerAttention(**dict(KWARGS, **overrides))
     limited(q, kv)
     limited.set_weights(full.get_weights())
