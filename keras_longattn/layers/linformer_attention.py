@@ -422,6 +422,27 @@ class LinformerAttention(BaseAttention):
         out = ops.einsum("bhts,bshd->bthd", effective, v)  # (B, T, H, dv)
         return ops.cast(out, dtype)
 
+    def attention_support(self, query, value, query_mask=None, value_mask=None):
+        """Which keys each head of each query draws on, for inspection and
+        the docs' figure: boolean ``(B, H, T, S)``, True where key ``s`` is
+        real. Every slot mixes every real key, so every query draws on all
+        of them (and on no padded key). O(T * S).
+
+        Args:
+            query: ``(B, T, dim)`` layer inputs.
+            value: ``(B, S, dim)``.
+            query_mask: optional boolean ``(B, T)`` (unused: a padded query
+                still draws on the keys; its output is ignored).
+            value_mask: optional boolean ``(B, S)``.
+        """
+        batch, T = query.shape[0], query.shape[1]
+        S = value.shape[1]
+        if value_mask is None:
+            keys = ops.ones((batch, S), dtype="bool")
+        else:
+            keys = ops.cast(value_mask, "bool")
+        return ops.broadcast_to(keys[:, None, None, :], (batch, self.num_heads, T, S))
+
     # ----------------------------------------------------------------- limit
     def full_attention_limit(self, sequence_length):
         """``k = max_length = n`` and identity ``E = F``: ``E K = K`` and

@@ -223,6 +223,13 @@ def test_no_causal_mode_and_no_scores():
         layer(x, x, use_causal_mask=True)
     with pytest.raises(ValueError, match="return_attention_scores"):
         layer(x, x, return_attention_scores=True)
+    # What it offers instead (the docs' figure): every query draws on every
+    # real key.
+    mask = np.ones((2, 37), bool)
+    mask[0, 30:] = False
+    support = to_np(layer.attention_support(x, x, value_mask=mask))
+    assert support.shape == (2, 2, 37, 37)
+    np.testing.assert_array_equal(support, np.broadcast_to(mask[:, None, None, :], support.shape))
 
 
 def test_longer_sequence_is_refused():
