@@ -77,6 +77,8 @@ FIGURE_OPTIONS = {
     "SparseAttention": {"block_length": 8},
     "RoutingAttention": {"num_clusters": 4, "seed": 0},
     "AdaMRAAttention": {"compression_rates": (0.5, 0.125)},
+    "LinformerAttention": {"k": 8, "max_length": 32},
+    "SynthesizerAttention": {"kind": "random+vanilla", "max_length": 32},
 }
 #: Figure and guide names that ``snake_case`` does not give (acronyms).
 SLUGS = {"AdaMRAAttention": "adamra_attention"}
@@ -238,8 +240,8 @@ def generate_patterns(out_dir: Path, n: int = PATTERN_LENGTH,
         try:
             layer = cls(num_heads=2, key_dim=4, **options)
             if hasattr(layer, "attention_support"):
-                # No scores and no causal mode (AdaMRA): the keys each head
-                # draws on, per head.
+                # No scores and no causal mode (AdaMRA, Linformer): the keys
+                # each head draws on, per head.
                 caption = "head h of query i draws on key j where blue"
                 masks = support_masks(layer, n)
             else:

@@ -151,7 +151,10 @@ def get_spec(name: str) -> LayerSpec:
 #: uses ``--window``, the sparse layers ``block_length`` 128, ``routing``
 #: about sqrt(n) clusters and its own default window (n / clusters);
 #: ``adamra`` the layer's default rates, ``1 / 2**(h + 1)`` for head ``h``
-#: (the paper's ``(1/2, 1/4, 1/8, 1/16)`` for four heads).
+#: (the paper's ``(1/2, 1/4, 1/8, 1/16)`` for four heads); ``linformer``
+#: k = 256 slots (the paper's Table 3) with ``max_length`` the benchmark's
+#: length; ``synthesizer`` the paper's best translation mixture, random +
+#: vanilla, with tables of the benchmark's length.
 _BUILTIN = (
     ("full", {"class_name": "FullAttention", "config": {}},
      "keras_longattn FullAttention (exact; the ratio baseline)"),
@@ -170,6 +173,16 @@ _BUILTIN = (
     ("adamra", {"class_name": "AdaMRAAttention", "config": {}},
      "keras_longattn AdaMRAAttention, compression rates 1/2, 1/4, ... (one per "
      "head), kernelized ReLU attention, learned routing"),
+    ("linformer",
+     {"class_name": "LinformerAttention",
+      "config": {"k": "${min(256, seq_len)}", "max_length": "${seq_len}"}},
+     "keras_longattn LinformerAttention, k = 256 projected slots (n when "
+     "shorter), headwise sharing, bidirectional only"),
+    ("synthesizer",
+     {"class_name": "SynthesizerAttention",
+      "config": {"kind": "random+vanilla", "max_length": "${seq_len}"}},
+     "keras_longattn SynthesizerAttention, random + vanilla logits mixed by "
+     "learned weights"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )

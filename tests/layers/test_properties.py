@@ -9,9 +9,11 @@ pin each one down).
 import keras
 
 from keras_longattn.layers import FullAttention
+from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
+from keras_longattn.layers import SynthesizerAttention
 from keras_longattn.testing.properties import AttentionLayerProperties
 
 FIXTURES = ("test_prop_fixture_outputs", "test_prop_keras_file_from_backend")
@@ -93,4 +95,32 @@ class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
     fixture_cases = ("routing_shared_qk",)
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding") + FIXTURES
+    property_examples = FEWER
+
+
+class TestLinformerProperties(AttentionLayerProperties):
+    """Headwise sharing; lengths up to the layer's max_length (64)."""
+
+    layer_cls = LinformerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "k": 8, "max_length": 64}
+    supports_causal = False
+    max_length = 64
+    # Right padding is checked against the example alone in
+    # tests/layers/test_linformer_attention.py; here: unknown lengths while
+    # tracing (E sliced by a tensor length).
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_dynamic_length")
+    property_examples = FEWER
+
+
+class TestSynthesizerProperties(AttentionLayerProperties):
+    """A mixture of every kind of logits but the factorized ones (those run
+    in tests/layers/test_synthesizer_attention.py)."""
+
+    layer_cls = SynthesizerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "max_length": 64,
+                   "kind": "dense+random+vanilla"}
+    max_length = 64
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_batch_composition")
     property_examples = FEWER
