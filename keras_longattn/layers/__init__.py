@@ -10,3 +10,4 @@ from keras_longattn.layers.local_attention import LocalAttention
 from keras_longattn.layers.sparse_attention import SparseAttention
 from keras_longattn.layers.routing_attention import RoutingAttention
 from keras_longattn.layers.adamra_attention import AdaMRAAttention
+from keras_longattn.layers.longformer_attention import LongformerAttention

@@ -20,8 +20,10 @@ from keras import ops
 
 from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import AttentionPattern
+from keras_longattn.ops.patterns import DilatedPattern
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import masked_softmax
+from keras_longattn.ops.reference import softmax_with_lse
 from keras_longattn.ops.shapes import ceil_div
 from keras_longattn.ops.shapes import is_static
 from keras_longattn.ops.shapes import larger
@@ -178,6 +180,137 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     allowed = ops.broadcast_to(allowed, (n, b, C))
     mask = ops.logical_and(allowed[None], kv_valid[:, :, None, :])  # (B, n, b, C)
     return q, k, v, mask
+
+
+def band_part(query, key, value, valid, pattern, block_size, before, after,
+              dropout_fn=None):
+    """Band attention with its log-sum-exp, to be merged with other parts.
+
+    Each block of ``block_size`` queries against its own key block and
+    ``before`` / ``after`` neighbouring blocks (:func:`band_blocks`), with an
+    explicit softmax. O(N * block_size) time and memory. Queries must be
+    scaled already.
+
+    Args:
+        query: ``(B, N, H, d)`` with ``N`` a multiple of ``block_size``.
+        key: ``(B, N, H, d)``.
+        value: ``(B, N, H, dv)``.
+        valid: boolean ``(B or 1, N)``, False for keys to leave out.
+        pattern: the :class:`AttentionPattern` of the band.
+        block_size: positions per block.
+        before: key blocks before each query block.
+        after: key blocks after each query block.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(out, lse)``: ``out`` ``(B, N, H, dv)`` (zeros where a query sees
+        no key) and the float32 log-sum-exp ``(B, N, H)`` of each query's
+        logits (about ``MASKED_LOGIT`` where it sees none), as
+        :func:`keras_longattn.ops.merge_attention_parts` takes them.
+    """
+    N, H, dv = length(query, 1), query.shape[2], value.shape[3]
+    q, k, v, mask = band_blocks(query, key, value, valid, pattern, block_size,
+                                before, after)
+    mask = mask[:, :, None]  # (B, n, 1, b, C): the same mask for every head
+    # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
+    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
+    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, n, H, b)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, n, H, b, C) x (B, n, C, H, dv) -> (B, n, b, H, dv)
+    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
+    out = ops.reshape(out, (-1, N, H, dv))
+    lse = ops.reshape(ops.transpose(lse, (0, 1, 3, 2)), (-1, N, H))
+    return out, lse
+
+
+def dilated_band_attention(
+    query,
+    key,
+    value,
+    look_back,
+    look_ahead,
+    dilation=1,
+    block_size=None,
+    key_mask=None,
+    scale=None,
+    dropout_fn=None,
+):
+    """Dilated sliding-window attention with its log-sum-exp, in O(n * w).
+
+    Query ``i`` attends keys ``i + dilation * t``,
+    ``-look_back <= t <= look_ahead`` (:class:`DilatedPattern`). The padded
+    sequence is seen as ``(N / r, r)`` with ``r = dilation``: the positions
+    of one column (the same residue mod ``r``) are exactly the keys a
+    dilated window can reach, so each column is a plain sliding window of
+    ``look_back`` / ``look_ahead`` column steps, computed by
+    :func:`band_part`. The cost is that of an undilated window of the same
+    number of keys, whatever the dilation; no dense mask is built.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        look_back: window steps before the query (>= 0).
+        look_ahead: window steps after the query (>= 0).
+        dilation: ``r`` (>= 1).
+        block_size: positions per block along a column. Defaults to
+            :func:`default_block_size` of the extents.
+        key_mask: optional boolean ``(B, S)``; False marks keys to leave
+            out (padding, or keys another part attends to).
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(out, lse)``: ``(B, T, H, dv)`` and the float32 ``(B, T, H)``
+        log-sum-exp (see :func:`band_part`).
+    """
+    pattern = DilatedPattern(look_back, 0 if look_ahead is None else look_ahead, dilation)
+    r = pattern.dilation
+    T, S = length(query, 1), length(key, 1)
+    longest = larger(T, S)
+    H, d, dv = query.shape[2], query.shape[3], value.shape[3]
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    m = ceil_div(longest, r)  # positions per column
+    b = block_size or default_block_size(
+        pattern.look_back, pattern.look_ahead, m if is_static(m) else None
+    )
+    m = ceil_div(m, b) * b
+    N = m * r
+    query = ops.multiply(query, ops.cast(scale, query.dtype))
+    query = pad_axis(query, 1, N)
+    key = pad_axis(key, 1, N)
+    value = pad_axis(value, 1, N)
+    valid = ops.expand_dims(ops.arange(N, dtype="int32") < S, 0)  # (1, N)
+    if key_mask is not None:
+        km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
+        valid = ops.logical_and(valid, km)  # (B or 1, N)
+    before = -(-pattern.look_back // b)
+    after = -(-pattern.look_ahead // b)
+    column = LocalPattern(pattern.look_back, pattern.look_ahead)
+    if r == 1:
+        out, lse = band_part(query, key, value, valid, column, b, before, after,
+                             dropout_fn)
+        return out[:, :T], lse[:, :T]
+    batch = ops.shape(query)[0]
+    valid = ops.broadcast_to(valid, (batch, N))
+
+    def columns(x):  # (B, N, ...) -> (B * r, m, ...): position c + r * t at [c, t]
+        rest = tuple(x.shape[2:])
+        x = ops.reshape(x, (-1, m, r) + rest)
+        x = ops.transpose(x, (0, 2, 1) + tuple(range(3, 3 + len(rest))))
+        return ops.reshape(x, (-1, m) + rest)
+
+    def positions(x):  # (B * r, m, ...) -> (B, N, ...)
+        rest = tuple(x.shape[2:])
+        x = ops.reshape(x, (-1, r, m) + rest)
+        x = ops.transpose(x, (0, 2, 1) + tuple(range(3, 3 + len(rest))))
+        return ops.reshape(x, (-1, N) + rest)
+
+    out, lse = band_part(columns(query), columns(key), columns(value),
+                         columns(valid), column, b, before, after, dropout_fn)
+    return positions(out)[:, :T], positions(lse)[:, :T]
 
 
 def fused_blocks(q, k, v, mask, scale=None):
