@@ -10,6 +10,7 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import longformer as la_longformer
 
 #: Names of the global projections, built after MultiHeadAttention's four.
@@ -392,7 +393,11 @@ class LongformerAttention(BaseAttention):
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
             block_size=self.block_size,
-            dropout_fn=self._dropout_fn(context.training),
+            # Outside training dropout is the identity: no dropout_fn, so
+            # that JAX runs the compiled program.
+            dropout_fn=(
+                self._dropout_fn(context.training) if is_training(context.training) else None
+            ),
         )
 
     def full_attention_limit(self, sequence_length):

@@ -45,6 +45,7 @@ import numbers
 import numpy as np
 from keras import ops
 
+from keras_longattn.kernels import compiled
 from keras_longattn.ops.blocked import dilated_band_attention
 from keras_longattn.ops.patterns import CausalPattern
 from keras_longattn.ops.patterns import DilatedPattern
@@ -135,6 +136,7 @@ def longformer_head_patterns(window, dilations, causal, global_positions=()):
 
 
 # ----------------------------------------------------------- global slots
+@compiled(("query_length", "key_length", "global_tokens", "max_global"))
 def global_slots(query_length, key_length, global_mask=None, global_tokens=0,
                  max_global=None):
     """The ``G`` static global slots of a call (see the module docstring).
@@ -193,6 +195,7 @@ def global_flags(slots, query_length, key_length):
 
 
 # ------------------------------------------------------------ computation
+@compiled(("window", "dilation", "causal", "scale", "block_size", "dropout_fn"))
 def longformer_attention(
     query,
     key,
