@@ -10,6 +10,7 @@ import keras
 
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.testing.properties import AttentionLayerProperties
@@ -93,4 +94,16 @@ class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
     fixture_cases = ("routing_shared_qk",)
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding") + FIXTURES
+    property_examples = FEWER
+
+
+class TestLongformerAttentionProperties(AttentionLayerProperties):
+    """A leading global token and heads dilated 1 and 2 (cross-attention
+    included: the first position of the queries and of the keys is
+    global)."""
+
+    layer_cls = LongformerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 4, "dilation": [1, 2],
+                   "global_tokens": 1}
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
     property_examples = FEWER
