@@ -400,6 +400,23 @@ class LongformerAttention(BaseAttention):
             ),
         )
 
+    @implementation("blocked_fused", kind="fused", dropout=False)
+    def _blocked_fused(self, query, key, value, context):
+        """The same layouts through ``keras.ops.dot_product_attention``,
+        the global keys appended to every window block (one softmax, no
+        merge)."""
+        qg, kg, vg = self._global_projections(context, rows_only=True)
+        return la_longformer.longformer_attention(
+            query, key, value, self.window, self.dilations,
+            causal=context.causal,
+            slots=context.global_slots,
+            global_query=qg, global_key=kg, global_value=vg,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+            block_size=self.block_size,
+            fused=True,
+        )
+
     def full_attention_limit(self, sequence_length):
         n = int(sequence_length)
         return {"window": 2 * n, "dilation": 1, "global_tokens": 0}, 1e-5

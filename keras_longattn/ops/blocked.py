@@ -235,6 +235,8 @@ def dilated_band_attention(
     key_mask=None,
     scale=None,
     dropout_fn=None,
+    fused=False,
+    extra_keys=None,
 ):
     """Dilated sliding-window attention with its log-sum-exp, in O(n * w).
 
@@ -259,12 +261,30 @@ def dilated_band_attention(
         key_mask: optional boolean ``(B, S)``; False marks keys to leave
             out (padding, or keys another part attends to).
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
-        dropout_fn: optional callable applied to the attention weights.
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute every block with
+            :func:`keras_longattn.ops.fused_dot_product_attention` (no
+            log-sum-exp is returned then, and no dropout).
+        extra_keys: with ``fused=True`` only, optional keys that every
+            query may also see, in the same softmax as its window (global
+            tokens): ``(keys, values, positions, valid, pattern)`` with
+            ``keys`` ``(B, G, H, d)``, ``values`` ``(B, G, H, dv)``,
+            ``positions`` int ``(B, G)``, ``valid`` boolean ``(B, G)`` and
+            the :class:`AttentionPattern` evaluated on (query position, key
+            position) pairs. They are appended to every block's keys
+            (O(n * G)); they must not also be inside the window (leave them
+            out with ``key_mask``).
 
     Returns:
         ``(out, lse)``: ``(B, T, H, dv)`` and the float32 ``(B, T, H)``
-        log-sum-exp (see :func:`band_part`).
+        log-sum-exp (see :func:`band_part`); ``lse`` is None with
+        ``fused=True``.
     """
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
+    if extra_keys is not None and not fused:
+        raise ValueError("`extra_keys` needs `fused=True` (merge the parts instead).")
     pattern = DilatedPattern(look_back, 0 if look_ahead is None else look_ahead, dilation)
     r = pattern.dilation
     T, S = length(query, 1), length(key, 1)
@@ -289,7 +309,7 @@ def dilated_band_attention(
     before = -(-pattern.look_back // b)
     after = -(-pattern.look_ahead // b)
     column = LocalPattern(pattern.look_back, pattern.look_ahead)
-    if r == 1:
+    if r == 1 and not fused:
         out, lse = band_part(query, key, value, valid, column, b, before, after,
                              dropout_fn)
         return out[:, :T], lse[:, :T]
@@ -308,9 +328,46 @@ def dilated_band_attention(
         x = ops.transpose(x, (0, 2, 1) + tuple(range(3, 3 + len(rest))))
         return ops.reshape(x, (-1, N) + rest)
 
+    if r == 1:
+        columns = positions = lambda x: x  # noqa: E731
+    if fused:
+        out = _fused_band(columns(query), columns(key), columns(value),
+                          columns(valid), column, b, before, after, r,
+                          extra_keys)
+        return positions(out)[:, :T], None
     out, lse = band_part(columns(query), columns(key), columns(value),
                          columns(valid), column, b, before, after, dropout_fn)
     return positions(out)[:, :T], positions(lse)[:, :T]
+
+
+def _fused_band(query, key, value, valid, pattern, b, before, after, r, extra_keys):
+    """The band of a (column) layout through the fused kernel, with the
+    optional extra keys appended to every block. Queries already scaled.
+    ``query`` ``(B * r, m, H, d)``; returns ``(B * r, m, H, dv)``."""
+    m, H, dv = length(query, 1), query.shape[2], value.shape[3]
+    q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after)
+    if extra_keys is not None:
+        ek, ev, epos, evalid, epattern = extra_keys
+        if r > 1:  # one copy per column: row c of example e is e * r + c
+            ek, ev, epos, evalid = (ops.repeat(x, r, axis=0) for x in (ek, ev, epos, evalid))
+        n = m // b
+        G = ek.shape[1]
+        # Position of each query of the layout: column c, step t -> c + r * t.
+        batch = ops.shape(query)[0]
+        column = ops.mod(ops.arange(batch, dtype="int32"), r)  # (B * r,)
+        steps = ops.reshape(ops.arange(m, dtype="int32"), (n, b))
+        q_pos = column[:, None, None] + r * steps[None]  # (B * r, n, b)
+        allowed = epattern.allowed(q_pos[..., None], epos[:, None, None, :])
+        allowed = ops.logical_and(allowed, ops.cast(evalid, "bool")[:, None, None, :])
+        mask = ops.concatenate(
+            [ops.broadcast_to(mask, (batch, n, b, mask.shape[-1])),
+             ops.broadcast_to(allowed, (batch, n, b, G))], axis=-1)
+        k = ops.concatenate(
+            [k, ops.broadcast_to(ek[:, None], (batch, n, G, H, ek.shape[-1]))], axis=2)
+        v = ops.concatenate(
+            [v, ops.broadcast_to(ev[:, None], (batch, n, G, H, dv))], axis=2)
+    out = fused_blocks(q, k, v, mask, scale=1.0)
+    return ops.reshape(out, (-1, m, H, dv))
 
 
 def fused_blocks(q, k, v, mask, scale=None):

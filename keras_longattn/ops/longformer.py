@@ -47,6 +47,7 @@ from keras import ops
 
 from keras_longattn.kernels import compiled
 from keras_longattn.ops.blocked import dilated_band_attention
+from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import CausalPattern
 from keras_longattn.ops.patterns import DilatedPattern
 from keras_longattn.ops.patterns import FullPattern
@@ -195,7 +196,7 @@ def global_flags(slots, query_length, key_length):
 
 
 # ------------------------------------------------------------ computation
-@compiled(("window", "dilation", "causal", "scale", "block_size", "dropout_fn"))
+@compiled(("window", "dilation", "causal", "scale", "block_size", "dropout_fn", "fused"))
 def longformer_attention(
     query,
     key,
@@ -211,6 +212,7 @@ def longformer_attention(
     scale=None,
     block_size=None,
     dropout_fn=None,
+    fused=False,
 ):
     """Longformer attention in O(n * (w + G)) time and memory.
 
@@ -237,11 +239,19 @@ def longformer_attention(
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         block_size: positions per block of the band part. Defaults to
             :func:`keras_longattn.ops.default_block_size`.
-        dropout_fn: optional callable applied to the attention weights.
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute every part with
+            :func:`keras_longattn.ops.fused_dot_product_attention` (the
+            backend's fused kernel): the global keys are appended to the
+            keys of every window block, so that one softmax covers both
+            (no log-sum-exp merge); no dropout.
 
     Returns:
         ``(B, T, H, dv)``. Queries with no visible key get zeros.
     """
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
     T, S = length(query, 1), length(key, 1)
     H, d = query.shape[2], query.shape[3]
     if scale is None:
@@ -250,6 +260,7 @@ def longformer_attention(
     look_back, look_ahead = window_extents(window, causal)
     batch = ops.shape(query)[0]
     local_keys = None if key_mask is None else ops.cast(key_mask, "bool")
+    extra = None
     if slots is not None:
         positions = ops.broadcast_to(slots.positions, (batch,) + tuple(slots.positions.shape[1:]))
         G = positions.shape[1]
@@ -263,6 +274,10 @@ def longformer_attention(
         # The band leaves the global keys to the key-subset part.
         not_global = ops.logical_not(ops.any(hot_k, axis=1))  # (B, S)
         local_keys = not_global if local_keys is None else ops.logical_and(local_keys, not_global)
+        # (B, G, S) x (B, S, H, d) -> (B, G, H, d): the keys of the slots.
+        keys_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, key.dtype), key)
+        values_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, value.dtype), value)
+        subset_pattern = CausalPattern() if causal else FullPattern()
 
     # 1. The band, one layout per distinct dilation.
     groups = {}
@@ -277,10 +292,12 @@ def longformer_attention(
                 return x[:, :, heads[0] : heads[-1] + 1]
             return ops.take(x, np.asarray(heads, dtype="int32"), axis=2)
 
+        if fused and slots is not None:
+            extra = (pick(keys_g), pick(values_g), positions, k_valid, subset_pattern)
         out, lse = dilated_band_attention(
             pick(query), pick(key), pick(value), look_back, look_ahead, r,
             block_size=block_size, key_mask=local_keys, scale=scale,
-            dropout_fn=dropout_fn,
+            dropout_fn=dropout_fn, fused=fused, extra_keys=extra,
         )
         outs.append(out)
         lses.append(lse)
@@ -290,21 +307,17 @@ def longformer_attention(
     else:
         inverse = np.argsort(np.asarray(order)).astype("int32")
         out = ops.take(ops.concatenate(outs, axis=2), inverse, axis=2)
-        lse = ops.take(ops.concatenate(lses, axis=2), inverse, axis=2)
+        lse = None if fused else ops.take(ops.concatenate(lses, axis=2), inverse, axis=2)
     if slots is None:
         return out
 
-    # 2-3. Every query against the global keys, merged with the band.
-    hot_kf = ops.cast(hot_k, key.dtype)
-    # (B, G, S) x (B, S, H, d) -> (B, G, H, d): the keys of the slots.
-    keys_g = ops.einsum("bgs,bshd->bghd", hot_kf, key)
-    values_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, value.dtype), value)
-    subset_out, subset_lse = key_subset_attention(
-        query, keys_g, values_g, positions, k_valid,
-        CausalPattern() if causal else FullPattern(),
-        scale=scale, dropout_fn=dropout_fn,
-    )
-    out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
+    if not fused:
+        # 2-3. Every query against the global keys, merged with the band.
+        subset_out, subset_lse = key_subset_attention(
+            query, keys_g, values_g, positions, k_valid, subset_pattern,
+            scale=scale, dropout_fn=dropout_fn,
+        )
+        out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
 
     # 4. The global rows: each global query against every key.
     hot_q = slot_matrix(positions, q_valid, T, dtype=query.dtype)  # (B, G, T)
@@ -319,10 +332,15 @@ def longformer_attention(
     if causal:
         k_pos = ops.arange(S, dtype="int32")
         visible = ops.logical_and(visible, positions[:, None, :, None] >= k_pos)  # (B, 1, G, S)
-    rows = reference_attention(
-        global_query, global_key, global_value, mask=visible, scale=scale,
-        dropout_fn=dropout_fn,
-    )  # (B, G, H, dv)
+    if fused:
+        rows = fused_dot_product_attention(
+            global_query, global_key, global_value, mask=visible, scale=scale
+        )
+    else:
+        rows = reference_attention(
+            global_query, global_key, global_value, mask=visible, scale=scale,
+            dropout_fn=dropout_fn,
+        )  # (B, G, H, dv)
     # (B, G, T) x (B, G, H, dv) -> (B, T, H, dv)
     scattered = ops.einsum("bgt,bghd->bthd", ops.cast(hot_q, rows.dtype), rows)
     is_global = ops.any(ops.cast(hot_q, "bool"), axis=1)[:, :, None, None]  # (B, T, 1, 1)
