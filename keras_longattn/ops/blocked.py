@@ -143,7 +143,8 @@ def blocked_band_attention(
     return out[:, :T]
 
 
-def band_blocks(query, key, value, valid, pattern, block_size, before, after):
+def band_blocks(query, key, value, valid, pattern, block_size, before, after,
+                extra_kv=None):
     """Lays a padded sequence out as query blocks and their key bands.
 
     Args:
@@ -156,11 +157,14 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
         block_size: ``b``, positions per block.
         before: key blocks before each query block.
         after: key blocks after each query block.
+        extra_kv: optional ``(keys, values)``, ``(B, G, H, d|dv)``, appended
+            after the band of every block (in the same copy); their mask is
+            the caller's (``mask`` covers the band only).
 
     Returns:
-        ``q`` ``(B, n, b, H, d)``, ``k`` ``(B, n, C, H, d)``, ``v``
-        ``(B, n, C, H, dv)`` and ``mask`` ``(B, n, b, C)`` (pattern AND key
-        validity), with ``C = (before + 1 + after) * b``.
+        ``q`` ``(B, n, b, H, d)``, ``k`` ``(B, n, C (+ G), H, d)``, ``v``
+        ``(B, n, C (+ G), H, dv)`` and ``mask`` ``(B, n, b, C)`` (pattern
+        AND key validity), with ``C = (before + 1 + after) * b``.
     """
     b = block_size
     N, H, d = length(query, 1), query.shape[2], query.shape[3]
@@ -168,8 +172,9 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     n = N // b
     C = (before + 1 + after) * b
     q = ops.reshape(query, (-1, n, b, H, d))
-    k = _band(ops.reshape(key, (-1, n, b, H, d)), before, after)
-    v = _band(ops.reshape(value, (-1, n, b, H, dv)), before, after)
+    ek, ev = (None, None) if extra_kv is None else extra_kv
+    k = _band(ops.reshape(key, (-1, n, b, H, d)), before, after, extra=ek)
+    v = _band(ops.reshape(value, (-1, n, b, H, dv)), before, after, extra=ev)
     kv_valid = _band(ops.reshape(valid, (-1, n, b)), before, after, fill=False)  # (B, n, C)
     # Absolute positions of the queries and of the band's keys.
     q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
@@ -345,11 +350,14 @@ def _fused_band(query, key, value, valid, pattern, b, before, after, r, extra_ke
     optional extra keys appended to every block. Queries already scaled.
     ``query`` ``(B * r, m, H, d)``; returns ``(B * r, m, H, dv)``."""
     m, H, dv = length(query, 1), query.shape[2], value.shape[3]
-    q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after)
-    if extra_keys is not None:
+    if extra_keys is None:
+        q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after)
+    else:
         ek, ev, epos, evalid, epattern = extra_keys
         if r > 1:  # one copy per column: row c of example e is e * r + c
             ek, ev, epos, evalid = (ops.repeat(x, r, axis=0) for x in (ek, ev, epos, evalid))
+        q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after,
+                                    extra_kv=(ek, ev))
         n = m // b
         G = ek.shape[1]
         # Position of each query of the layout: column c, step t -> c + r * t.
@@ -362,10 +370,6 @@ def _fused_band(query, key, value, valid, pattern, b, before, after, r, extra_ke
         mask = ops.concatenate(
             [ops.broadcast_to(mask, (batch, n, b, mask.shape[-1])),
              ops.broadcast_to(allowed, (batch, n, b, G))], axis=-1)
-        k = ops.concatenate(
-            [k, ops.broadcast_to(ek[:, None], (batch, n, G, H, ek.shape[-1]))], axis=2)
-        v = ops.concatenate(
-            [v, ops.broadcast_to(ev[:, None], (batch, n, G, H, dv))], axis=2)
     out = fused_blocks(q, k, v, mask, scale=1.0)
     return ops.reshape(out, (-1, m, H, dv))
 
@@ -472,20 +476,27 @@ def local_attention(
     )
 
 
-def _band(x, before, after, fill=0):
+def _band(x, before, after, fill=0, extra=None):
     """Concatenates each block with its ``before`` predecessors and ``after``
-    successors along the position axis.
+    successors along the position axis (and ``extra``, ``(B, G, ...)``,
+    after them in every block).
 
     ``x``: ``(B, n, b, ...)`` -> ``(B, n, (before + 1 + after) * b, ...)``;
     blocks outside the sequence are filled with ``fill``.
     """
     n = length(x, 1)
+    if extra is not None:
+        tail = ops.broadcast_to(
+            extra[:, None], (ops.shape(x)[0], n) + tuple(extra.shape[1:])
+        )
     if before == 0 and after == 0:
-        return x
+        return x if extra is None else ops.concatenate([x, tail], axis=2)
     widths = [[0, 0] for _ in range(len(x.shape))]
     widths[1] = [before, after]
     padded = _pad(x, widths, fill)
     parts = [padded[:, j : j + n] for j in range(before + 1 + after)]
+    if extra is not None:
+        parts.append(tail)
     return ops.concatenate(parts, axis=2)
 
 
