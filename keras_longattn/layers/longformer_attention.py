@@ -58,8 +58,12 @@ class LongformerAttention(BaseAttention):
     layout), every query against the ``g`` global keys, the two merged into
     one softmax by their log-sum-exps, and the ``g`` global rows against
     every key: O(n * (w + g)) time and memory for ``g`` global slots, never
-    a ``(T, S)`` tensor. ``"reference"`` is dense attention under the same
-    pattern and projections, O(n^2).
+    a ``(T, S)`` tensor. ``"blocked_fused"`` (preferred by ``"auto"`` on
+    PyTorch; no attention dropout in training) gives the same layouts to
+    ``keras.ops.dot_product_attention``, with the global keys appended to
+    the keys of every window block so that one softmax covers both.
+    ``"reference"`` is dense attention under the same pattern and
+    projections, O(n^2).
 
     Weights: ``query``, ``key``, ``value`` and ``attention_output`` come
     first, named and shaped as ``keras.layers.MultiHeadAttention``'s, then
@@ -86,12 +90,15 @@ class LongformerAttention(BaseAttention):
         max_global: the number of global slots of a call with
             ``global_mask`` (see above). Defaults to 32.
         block_size: positions per block of the window band (along each
-            column when dilated). Defaults to half the window side, rounded
-            up to a multiple of 8 (:func:`keras_longattn.ops.default_block_size`).
+            column when dilated). Defaults to half the window side
+            (``"blocked"``, :func:`keras_longattn.ops.default_block_size`)
+            or the window side (``"blocked_fused"``: fewer, larger kernel
+            calls), rounded up to a multiple of 8.
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"`` or ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"`` or
+            ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -120,8 +127,8 @@ class LongformerAttention(BaseAttention):
     >>> global_mask[:, 0] = True  # e.g. a classification token
     >>> tuple(layer(x, x, global_mask=global_mask).shape)
     (2, 12, 16)
-    >>> layer.last_implementation
-    'blocked'
+    >>> layer.last_implementation in ("blocked", "blocked_fused")  # torch: fused
+    True
 
     Reference:
         Beltagy, Peters, Cohan, "Longformer: The Long-Document

@@ -35,6 +35,17 @@ class TestLongformerAttention(AttentionLayerConformance):
     reference_lengths = (16, 37, 2048)
 
 
+class TestLongformerAttentionFused(AttentionLayerConformance):
+    """The fused path (preferred by "auto" on PyTorch): the global keys
+    appended to every window block, one softmax."""
+
+    layer_cls = LongformerAttention
+    init_kwargs = TestLongformerAttention.init_kwargs
+    implementation = "blocked_fused"
+    secondary = True
+    reference_lengths = (37,)
+
+
 @pytest.mark.slow
 class TestLongformerAttentionSlidingOnly(AttentionLayerConformance):
     """No global token: a plain sliding window, equal on every head (the
@@ -60,10 +71,10 @@ def _global_mask(n=N):
     return mask
 
 
-def _pair(**kwargs):
+def _pair(implementation="blocked", **kwargs):
     """A layer and its reference on the same weights."""
     kwargs = {"num_heads": 2, "key_dim": 8, "window": 6, "dilation": [1, 2], **kwargs}
-    layer = LongformerAttention(**kwargs)
+    layer = LongformerAttention(implementation=implementation, **kwargs)
     ref = LongformerAttention(implementation="reference", **kwargs)
     x = _inputs()
     layer(x, x)
@@ -73,11 +84,12 @@ def _pair(**kwargs):
 
 
 # ------------------------------------------------------------- global mask
+@pytest.mark.parametrize("implementation", ["blocked", "blocked_fused"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_global_mask_equals_reference(causal):
+def test_global_mask_equals_reference(causal, implementation):
     """Per-example global positions, with padding, per-head dilation; and
     the (dilated) sliding window alone."""
-    layer, ref = _pair()
+    layer, ref = _pair(implementation=implementation)
     x = _inputs()
     pad = np.ones((2, N), bool)
     pad[0, N - 8 :] = False
@@ -87,7 +99,7 @@ def test_global_mask_equals_reference(causal):
                                          "query_mask": pad},
                    {"value_mask": pad, "query_mask": pad}):  # sliding only
         out = to_np(layer(x, x, use_causal_mask=causal, **kwargs))
-        assert layer.last_implementation == "blocked"
+        assert layer.last_implementation == implementation
         expected = to_np(ref(x, x, use_causal_mask=causal, **kwargs))
         real = kwargs.get("query_mask", np.ones((2, N), bool))
         assert rel_error(out[real], expected[real]) < 1e-5
