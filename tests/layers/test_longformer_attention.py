@@ -84,8 +84,11 @@ def _pair(implementation="blocked", **kwargs):
 
 
 # ------------------------------------------------------------- global mask
-@pytest.mark.parametrize("implementation", ["blocked", "blocked_fused"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "causal, implementation",
+    [(False, "blocked"), (True, "blocked"), (False, "blocked_fused"),
+     pytest.param(True, "blocked_fused", marks=pytest.mark.slow)],
+)
 def test_global_mask_equals_reference(causal, implementation):
     """Per-example global positions, with padding, per-head dilation; and
     the (dilated) sliding window alone."""
