@@ -230,7 +230,8 @@ class LongformerAttention(BaseAttention):
             if r not in masks:
                 masks[r] = la_ops.DilatedPattern(look_back, look_ahead, r).dense_mask(T, S)
         mask = ops.stack([masks[r] for r in self.dilations])[None]  # (1, H, T, S)
-        gq, gk = la_longformer.global_flags(context.global_slots, T, S)
+        # A context made outside a call (e.g. by hand) has no global slots.
+        gq, gk = la_longformer.global_flags(getattr(context, "global_slots", None), T, S)
         if gq is not None:
             mask = ops.logical_or(mask, gq[:, None, :, None])
             mask = ops.logical_or(mask, gk[:, None, None, :])
@@ -325,7 +326,7 @@ class LongformerAttention(BaseAttention):
         """``(qg, kg, vg)`` of the call (None each without global inputs).
         ``qg`` is ``(B, G, H, d)`` for the slots when ``rows_only``, else
         ``(B, T, H, d)`` for every position."""
-        if context.global_inputs is None:
+        if getattr(context, "global_inputs", None) is None:
             return None, None, None
         query, key, value = context.global_inputs
         kg = self._key_global_dense(key)
@@ -365,7 +366,7 @@ class LongformerAttention(BaseAttention):
             query, key, value, mask=mask, scale=scale, dropout_fn=dropout_fn,
             return_scores=context.return_scores,
         )
-        if context.global_slots is None:
+        if getattr(context, "global_slots", None) is None:
             return result
         gq, _ = la_longformer.global_flags(
             context.global_slots, context.query_length, context.key_length
