@@ -309,3 +309,16 @@ def test_bad_global_mask():
         layer(x, x, global_mask=np.ones((2, N), "float32"))
     with pytest.raises(ValueError, match="key length 36"):
         layer(x, x[:, 1:], global_mask=np.ones((2, N), bool))
+
+
+@pytest.mark.grid
+@pytest.mark.parametrize("implementation", ["blocked", "blocked_fused"])
+def test_rotary_positions_with_global_rows(implementation):
+    """Rotary positions: the global rows are rotated at their own positions
+    (projected for every position, then gathered)."""
+    layer, ref = _pair(implementation=implementation, rotary_max_wavelength=100.0)
+    x, gm = _inputs(), _global_mask()
+    for causal in (False, True):
+        out = to_np(layer(x, x, global_mask=gm, use_causal_mask=causal))
+        expected = to_np(ref(x, x, global_mask=gm, use_causal_mask=causal))
+        assert rel_error(out, expected) < 1e-5
