@@ -79,7 +79,11 @@ FIGURE_OPTIONS = {
     "AdaMRAAttention": {"compression_rates": (0.5, 0.125)},
     "LinformerAttention": {"k": 8, "max_length": 32},
     "SynthesizerAttention": {"kind": "random+vanilla", "max_length": 32},
+    "LongformerAttention": {"window": 6, "dilation": [1, 2], "global_tokens": 2},
 }
+#: Layers whose figure shows each head's pattern (``layer.head_patterns``),
+#: causal and bidirectional: heads that differ (Longformer's dilations).
+PER_HEAD_FIGURES = {"LongformerAttention"}
 #: Figure and guide names that ``snake_case`` does not give (acronyms).
 SLUGS = {"AdaMRAAttention": "adamra_attention"}
 
@@ -156,6 +160,21 @@ def pattern_masks(layer, n: int = PATTERN_LENGTH):
     for label, causal in (("causal", True), ("bidirectional", False)):
         pattern = layer.attention_pattern(n, n, causal)
         masks[label] = np.asarray(ops.convert_to_numpy(pattern.dense_mask(n, n)), dtype=bool)
+    return masks
+
+
+def head_pattern_masks(layer, n: int = PATTERN_LENGTH):
+    """``{"head 0, causal": mask, ...}``: each head's
+    ``layer.head_patterns(n, n, causal)[h].dense_mask(n, n)``, causal and
+    bidirectional."""
+    import numpy as np
+    from keras import ops
+
+    masks = {}
+    for label, causal in (("causal", True), ("bidirectional", False)):
+        for h, pattern in enumerate(layer.head_patterns(n, n, causal)):
+            mask = ops.convert_to_numpy(pattern.dense_mask(n, n))
+            masks[f"head {h}, {label}"] = np.asarray(mask, dtype=bool)
     return masks
 
 
@@ -239,9 +258,14 @@ def generate_patterns(out_dir: Path, n: int = PATTERN_LENGTH,
             caption = "one head on one random input, blue = attended"
         try:
             layer = cls(num_heads=2, key_dim=4, **options)
-            if hasattr(layer, "attention_support"):
-                # No scores and no causal mode (AdaMRA, Linformer): the keys
-                # each head draws on, per head.
+            if name in PER_HEAD_FIGURES:
+                # An exact pattern per head (its reference is overridden
+                # for other reasons, e.g. Longformer's global projections).
+                caption = "head h: query i attends key j where blue"
+                masks = head_pattern_masks(layer, n)
+            elif hasattr(layer, "attention_support"):
+                # No scores and no causal mode (AdaMRA, Linformer): the keys each head
+                # draws on, per head.
                 caption = "head h of query i draws on key j where blue"
                 masks = support_masks(layer, n)
             else:

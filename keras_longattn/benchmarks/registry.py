@@ -150,6 +150,7 @@ def get_spec(name: str) -> LayerSpec:
 #: factories that preceded them (``docs/benchmarks/results.json``): ``local``
 #: uses ``--window``, the sparse layers ``block_length`` 128, ``routing``
 #: about sqrt(n) clusters and its own default window (n / clusters);
+#: ``longformer`` the paper's window 512 with 16 global positions;
 #: ``adamra`` the layer's default rates, ``1 / 2**(h + 1)`` for head ``h``
 #: (the paper's ``(1/2, 1/4, 1/8, 1/16)`` for four heads); ``linformer``
 #: k = 256 slots (the paper's Table 3) with ``max_length`` the benchmark's
@@ -170,6 +171,9 @@ _BUILTIN = (
      {"class_name": "RoutingAttention",
       "config": {"num_clusters": "${max(1, round(sqrt(seq_len)))}"}},
      "keras_longattn RoutingAttention, num_clusters round(sqrt(n))"),
+    ("longformer",
+     {"class_name": "LongformerAttention", "config": {"window": 512, "global_tokens": 16}},
+     "keras_longattn LongformerAttention, window 512, the first 16 positions global"),
     ("adamra", {"class_name": "AdaMRAAttention", "config": {}},
      "keras_longattn AdaMRAAttention, compression rates 1/2, 1/4, ... (one per "
      "head), kernelized ReLU attention, learned routing"),

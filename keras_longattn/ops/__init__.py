@@ -10,7 +10,8 @@
   library's contract (zero rows where no key is visible), used by every
   ``"fused"`` implementation;
 * :mod:`~keras_longattn.ops.blocked`: band attention over key blocks
-  (local windows) and dense attention inside gathered blocks;
+  (local windows, dilated windows on a column layout) and dense attention
+  inside gathered blocks;
 * :mod:`~keras_longattn.ops.subset`: every query against a fixed subset of
   keys (summaries, global tokens);
 * :mod:`~keras_longattn.ops.segments`: gathers, scatter-mean and segment
@@ -24,8 +25,10 @@
 * :mod:`~keras_longattn.ops.rotary`: rotary position embeddings;
 * paper modules, with only what is specific to their paper:
   :mod:`~keras_longattn.ops.sparse` (Sparse Transformer patterns) and
-  :mod:`~keras_longattn.ops.routing` (balanced cluster attention) and
-  :mod:`~keras_longattn.ops.adamra` (compression rates, the router).
+  :mod:`~keras_longattn.ops.routing` (balanced cluster attention),
+  :mod:`~keras_longattn.ops.adamra` (compression rates, the router) and
+  :mod:`~keras_longattn.ops.longformer` (window convention, per-head
+  dilation, global slots).
 
 Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
 
@@ -37,14 +40,17 @@ from keras_longattn.ops import adamra
 from keras_longattn.ops import chunked
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
+from keras_longattn.ops import longformer
 from keras_longattn.ops import routing
 from keras_longattn.ops import segments
 from keras_longattn.ops import shapes
 from keras_longattn.ops import sparse
 from keras_longattn.ops import subset
 from keras_longattn.ops.blocked import block_attention
+from keras_longattn.ops.blocked import band_part
 from keras_longattn.ops.blocked import blocked_band_attention
 from keras_longattn.ops.blocked import default_block_size
+from keras_longattn.ops.blocked import dilated_band_attention
 from keras_longattn.ops.blocked import local_attention
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.chunked import sorted_chunk_attention
@@ -59,8 +65,10 @@ from keras_longattn.ops.kmeans import Routing
 from keras_longattn.ops.kmeans import route
 from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import DilatedPattern
 from keras_longattn.ops.patterns import Difference
 from keras_longattn.ops.patterns import FullPattern
+from keras_longattn.ops.patterns import GlobalPattern
 from keras_longattn.ops.patterns import Intersection
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.patterns import PaddingMask
@@ -91,3 +99,5 @@ from keras_longattn.ops.sparse import sparse_attention
 from keras_longattn.ops.sparse import sparse_head_patterns
 from keras_longattn.ops.sparse import sparse_transformer_patterns
 from keras_longattn.ops.subset import key_subset_attention
+from keras_longattn.ops.longformer import longformer_attention
+from keras_longattn.ops.longformer import longformer_head_patterns

@@ -20,8 +20,10 @@ from keras import ops
 
 from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import AttentionPattern
+from keras_longattn.ops.patterns import DilatedPattern
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.reference import masked_softmax
+from keras_longattn.ops.reference import softmax_with_lse
 from keras_longattn.ops.shapes import ceil_div
 from keras_longattn.ops.shapes import is_static
 from keras_longattn.ops.shapes import larger
@@ -141,7 +143,8 @@ def blocked_band_attention(
     return out[:, :T]
 
 
-def band_blocks(query, key, value, valid, pattern, block_size, before, after):
+def band_blocks(query, key, value, valid, pattern, block_size, before, after,
+                extra_kv=None):
     """Lays a padded sequence out as query blocks and their key bands.
 
     Args:
@@ -154,11 +157,14 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
         block_size: ``b``, positions per block.
         before: key blocks before each query block.
         after: key blocks after each query block.
+        extra_kv: optional ``(keys, values)``, ``(B, G, H, d|dv)``, appended
+            after the band of every block (in the same copy); their mask is
+            the caller's (``mask`` covers the band only).
 
     Returns:
-        ``q`` ``(B, n, b, H, d)``, ``k`` ``(B, n, C, H, d)``, ``v``
-        ``(B, n, C, H, dv)`` and ``mask`` ``(B, n, b, C)`` (pattern AND key
-        validity), with ``C = (before + 1 + after) * b``.
+        ``q`` ``(B, n, b, H, d)``, ``k`` ``(B, n, C (+ G), H, d)``, ``v``
+        ``(B, n, C (+ G), H, dv)`` and ``mask`` ``(B, n, b, C)`` (pattern
+        AND key validity), with ``C = (before + 1 + after) * b``.
     """
     b = block_size
     N, H, d = length(query, 1), query.shape[2], query.shape[3]
@@ -166,8 +172,9 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     n = N // b
     C = (before + 1 + after) * b
     q = ops.reshape(query, (-1, n, b, H, d))
-    k = _band(ops.reshape(key, (-1, n, b, H, d)), before, after)
-    v = _band(ops.reshape(value, (-1, n, b, H, dv)), before, after)
+    ek, ev = (None, None) if extra_kv is None else extra_kv
+    k = _band(ops.reshape(key, (-1, n, b, H, d)), before, after, extra=ek)
+    v = _band(ops.reshape(value, (-1, n, b, H, dv)), before, after, extra=ev)
     kv_valid = _band(ops.reshape(valid, (-1, n, b)), before, after, fill=False)  # (B, n, C)
     # Absolute positions of the queries and of the band's keys.
     q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))  # (n, b)
@@ -178,6 +185,193 @@ def band_blocks(query, key, value, valid, pattern, block_size, before, after):
     allowed = ops.broadcast_to(allowed, (n, b, C))
     mask = ops.logical_and(allowed[None], kv_valid[:, :, None, :])  # (B, n, b, C)
     return q, k, v, mask
+
+
+def band_part(query, key, value, valid, pattern, block_size, before, after,
+              dropout_fn=None):
+    """Band attention with its log-sum-exp, to be merged with other parts.
+
+    Each block of ``block_size`` queries against its own key block and
+    ``before`` / ``after`` neighbouring blocks (:func:`band_blocks`), with an
+    explicit softmax. O(N * block_size) time and memory. Queries must be
+    scaled already.
+
+    Args:
+        query: ``(B, N, H, d)`` with ``N`` a multiple of ``block_size``.
+        key: ``(B, N, H, d)``.
+        value: ``(B, N, H, dv)``.
+        valid: boolean ``(B or 1, N)``, False for keys to leave out.
+        pattern: the :class:`AttentionPattern` of the band.
+        block_size: positions per block.
+        before: key blocks before each query block.
+        after: key blocks after each query block.
+        dropout_fn: optional callable applied to the attention weights.
+
+    Returns:
+        ``(out, lse)``: ``out`` ``(B, N, H, dv)`` (zeros where a query sees
+        no key) and the float32 log-sum-exp ``(B, N, H)`` of each query's
+        logits (about ``MASKED_LOGIT`` where it sees none), as
+        :func:`keras_longattn.ops.merge_attention_parts` takes them.
+    """
+    N, H, dv = length(query, 1), query.shape[2], value.shape[3]
+    q, k, v, mask = band_blocks(query, key, value, valid, pattern, block_size,
+                                before, after)
+    mask = mask[:, :, None]  # (B, n, 1, b, C): the same mask for every head
+    # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
+    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
+    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, n, H, b)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, n, H, b, C) x (B, n, C, H, dv) -> (B, n, b, H, dv)
+    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
+    out = ops.reshape(out, (-1, N, H, dv))
+    lse = ops.reshape(ops.transpose(lse, (0, 1, 3, 2)), (-1, N, H))
+    return out, lse
+
+
+def dilated_band_attention(
+    query,
+    key,
+    value,
+    look_back,
+    look_ahead,
+    dilation=1,
+    block_size=None,
+    key_mask=None,
+    scale=None,
+    dropout_fn=None,
+    fused=False,
+    extra_keys=None,
+):
+    """Dilated sliding-window attention with its log-sum-exp, in O(n * w).
+
+    Query ``i`` attends keys ``i + dilation * t``,
+    ``-look_back <= t <= look_ahead`` (:class:`DilatedPattern`). The padded
+    sequence is seen as ``(N / r, r)`` with ``r = dilation``: the positions
+    of one column (the same residue mod ``r``) are exactly the keys a
+    dilated window can reach, so each column is a plain sliding window of
+    ``look_back`` / ``look_ahead`` column steps, computed by
+    :func:`band_part`. The cost is that of an undilated window of the same
+    number of keys, whatever the dilation; no dense mask is built.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        look_back: window steps before the query (>= 0).
+        look_ahead: window steps after the query (>= 0).
+        dilation: ``r`` (>= 1).
+        block_size: positions per block along a column. Defaults to
+            :func:`default_block_size` of the extents.
+        key_mask: optional boolean ``(B, S)``; False marks keys to leave
+            out (padding, or keys another part attends to).
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute every block with
+            :func:`keras_longattn.ops.fused_dot_product_attention` (no
+            log-sum-exp is returned then, and no dropout).
+        extra_keys: with ``fused=True`` only, optional keys that every
+            query may also see, in the same softmax as its window (global
+            tokens): ``(keys, values, positions, valid, pattern)`` with
+            ``keys`` ``(B, G, H, d)``, ``values`` ``(B, G, H, dv)``,
+            ``positions`` int ``(B, G)``, ``valid`` boolean ``(B, G)`` and
+            the :class:`AttentionPattern` evaluated on (query position, key
+            position) pairs. They are appended to every block's keys
+            (O(n * G)); they must not also be inside the window (leave them
+            out with ``key_mask``).
+
+    Returns:
+        ``(out, lse)``: ``(B, T, H, dv)`` and the float32 ``(B, T, H)``
+        log-sum-exp (see :func:`band_part`); ``lse`` is None with
+        ``fused=True``.
+    """
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
+    if extra_keys is not None and not fused:
+        raise ValueError("`extra_keys` needs `fused=True` (merge the parts instead).")
+    pattern = DilatedPattern(look_back, 0 if look_ahead is None else look_ahead, dilation)
+    r = pattern.dilation
+    T, S = length(query, 1), length(key, 1)
+    longest = larger(T, S)
+    H, d, dv = query.shape[2], query.shape[3], value.shape[3]
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    m = ceil_div(longest, r)  # positions per column
+    b = block_size or default_block_size(
+        pattern.look_back, pattern.look_ahead, m if is_static(m) else None
+    )
+    m = ceil_div(m, b) * b
+    N = m * r
+    query = ops.multiply(query, ops.cast(scale, query.dtype))
+    query = pad_axis(query, 1, N)
+    key = pad_axis(key, 1, N)
+    value = pad_axis(value, 1, N)
+    valid = ops.expand_dims(ops.arange(N, dtype="int32") < S, 0)  # (1, N)
+    if key_mask is not None:
+        km = pad_axis(ops.cast(key_mask, "bool"), 1, N, value=False)
+        valid = ops.logical_and(valid, km)  # (B or 1, N)
+    before = -(-pattern.look_back // b)
+    after = -(-pattern.look_ahead // b)
+    column = LocalPattern(pattern.look_back, pattern.look_ahead)
+    if r == 1 and not fused:
+        out, lse = band_part(query, key, value, valid, column, b, before, after,
+                             dropout_fn)
+        return out[:, :T], lse[:, :T]
+    batch = ops.shape(query)[0]
+    valid = ops.broadcast_to(valid, (batch, N))
+
+    def columns(x):  # (B, N, ...) -> (B * r, m, ...): position c + r * t at [c, t]
+        rest = tuple(x.shape[2:])
+        x = ops.reshape(x, (-1, m, r) + rest)
+        x = ops.transpose(x, (0, 2, 1) + tuple(range(3, 3 + len(rest))))
+        return ops.reshape(x, (-1, m) + rest)
+
+    def positions(x):  # (B * r, m, ...) -> (B, N, ...)
+        rest = tuple(x.shape[2:])
+        x = ops.reshape(x, (-1, r, m) + rest)
+        x = ops.transpose(x, (0, 2, 1) + tuple(range(3, 3 + len(rest))))
+        return ops.reshape(x, (-1, N) + rest)
+
+    if r == 1:
+        columns = positions = lambda x: x  # noqa: E731
+    if fused:
+        out = _fused_band(columns(query), columns(key), columns(value),
+                          columns(valid), column, b, before, after, r,
+                          extra_keys)
+        return positions(out)[:, :T], None
+    out, lse = band_part(columns(query), columns(key), columns(value),
+                         columns(valid), column, b, before, after, dropout_fn)
+    return positions(out)[:, :T], positions(lse)[:, :T]
+
+
+def _fused_band(query, key, value, valid, pattern, b, before, after, r, extra_keys):
+    """The band of a (column) layout through the fused kernel, with the
+    optional extra keys appended to every block. Queries already scaled.
+    ``query`` ``(B * r, m, H, d)``; returns ``(B * r, m, H, dv)``."""
+    m, H, dv = length(query, 1), query.shape[2], value.shape[3]
+    if extra_keys is None:
+        q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after)
+    else:
+        ek, ev, epos, evalid, epattern = extra_keys
+        if r > 1:  # one copy per column: row c of example e is e * r + c
+            ek, ev, epos, evalid = (ops.repeat(x, r, axis=0) for x in (ek, ev, epos, evalid))
+        q, k, v, mask = band_blocks(query, key, value, valid, pattern, b, before, after,
+                                    extra_kv=(ek, ev))
+        n = m // b
+        G = ek.shape[1]
+        # Position of each query of the layout: column c, step t -> c + r * t.
+        batch = ops.shape(query)[0]
+        column = ops.mod(ops.arange(batch, dtype="int32"), r)  # (B * r,)
+        steps = ops.reshape(ops.arange(m, dtype="int32"), (n, b))
+        q_pos = column[:, None, None] + r * steps[None]  # (B * r, n, b)
+        allowed = epattern.allowed(q_pos[..., None], epos[:, None, None, :])
+        allowed = ops.logical_and(allowed, ops.cast(evalid, "bool")[:, None, None, :])
+        mask = ops.concatenate(
+            [ops.broadcast_to(mask, (batch, n, b, mask.shape[-1])),
+             ops.broadcast_to(allowed, (batch, n, b, G))], axis=-1)
+    out = fused_blocks(q, k, v, mask, scale=1.0)
+    return ops.reshape(out, (-1, m, H, dv))
 
 
 def fused_blocks(q, k, v, mask, scale=None):
@@ -282,20 +476,27 @@ def local_attention(
     )
 
 
-def _band(x, before, after, fill=0):
+def _band(x, before, after, fill=0, extra=None):
     """Concatenates each block with its ``before`` predecessors and ``after``
-    successors along the position axis.
+    successors along the position axis (and ``extra``, ``(B, G, ...)``,
+    after them in every block).
 
     ``x``: ``(B, n, b, ...)`` -> ``(B, n, (before + 1 + after) * b, ...)``;
     blocks outside the sequence are filled with ``fill``.
     """
     n = length(x, 1)
+    if extra is not None:
+        tail = ops.broadcast_to(
+            extra[:, None], (ops.shape(x)[0], n) + tuple(extra.shape[1:])
+        )
     if before == 0 and after == 0:
-        return x
+        return x if extra is None else ops.concatenate([x, tail], axis=2)
     widths = [[0, 0] for _ in range(len(x.shape))]
     widths[1] = [before, after]
     padded = _pad(x, widths, fill)
     parts = [padded[:, j : j + n] for j in range(before + 1 + after)]
+    if extra is not None:
+        parts.append(tail)
     return ops.concatenate(parts, axis=2)
 
 

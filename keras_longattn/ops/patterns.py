@@ -125,6 +125,82 @@ class LocalPattern(AttentionPattern):
         return {"look_back": self.look_back, "look_ahead": self.look_ahead}
 
 
+class DilatedPattern(AttentionPattern):
+    """A dilated sliding window: query ``i`` attends to keys
+    ``j = i + dilation * t`` for ``-look_back <= t <= look_ahead``.
+
+    With ``dilation=1`` it is :class:`LocalPattern`. A dilation ``r`` keeps
+    the number of keys of the window and stretches its reach by ``r``
+    (Longformer's dilated sliding window).
+
+    Args:
+        look_back: how many earlier keys are visible (>= 0).
+        look_ahead: how many later keys are visible (>= 0). With
+            ``look_ahead=0`` the pattern is causal.
+        dilation: the gap between two visible keys (>= 1).
+    """
+
+    def __init__(self, look_back, look_ahead, dilation=1):
+        self.look_back = _check_non_negative_int("look_back", look_back)
+        self.look_ahead = _check_non_negative_int("look_ahead", look_ahead)
+        self.dilation = _check_positive_int("dilation", dilation)
+
+    @property
+    def is_causal(self):
+        return self.look_ahead == 0
+
+    def allowed(self, q_pos, k_pos):
+        offset = k_pos - q_pos
+        r = self.dilation
+        inside = ops.logical_and(
+            ops.greater_equal(offset, -self.look_back * r),
+            ops.less_equal(offset, self.look_ahead * r),
+        )
+        if r == 1:
+            return inside
+        return ops.logical_and(inside, ops.equal(ops.mod(offset, r), 0))
+
+    def _fields(self):
+        return {
+            "look_back": self.look_back,
+            "look_ahead": self.look_ahead,
+            "dilation": self.dilation,
+        }
+
+
+class GlobalPattern(AttentionPattern):
+    """Global positions: a global query attends to every key and every query
+    attends to the global keys (Longformer's and BigBird's global tokens).
+    AND it with :class:`CausalPattern` for ``j <= i``.
+
+    Args:
+        positions: the global positions, a sequence of non-negative ints
+            (``range(k)`` for the first ``k`` positions).
+    """
+
+    def __init__(self, positions):
+        positions = tuple(
+            _check_non_negative_int("positions", p) for p in positions
+        )
+        self.positions = tuple(sorted(set(positions)))
+
+    def is_global(self, pos):
+        """Boolean tensor: whether each entry of ``pos`` is a global
+        position."""
+        result = ops.zeros_like(pos, dtype="bool")
+        for p in self.positions:
+            result = ops.logical_or(result, ops.equal(pos, p))
+        return result
+
+    def allowed(self, q_pos, k_pos):
+        # `q_pos * 0 + k_pos * 0` broadcasts both to the (query, key) shape.
+        zero = q_pos * 0 + k_pos * 0
+        return ops.logical_or(self.is_global(q_pos + zero), self.is_global(k_pos + zero))
+
+    def _fields(self):
+        return {"positions": self.positions}
+
+
 class Intersection(AttentionPattern):
     """Keys allowed by every one of ``patterns``."""
 

@@ -42,6 +42,7 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _check_positive_int
 from keras_longattn.ops.blocked import band_blocks
+from keras_longattn.ops.blocked import band_part
 from keras_longattn.ops.blocked import fused_blocks
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.fused import fused_dot_product_attention
@@ -344,7 +345,7 @@ def sparse_attention(
             q, k, v, mask = band_blocks(q, k, v, valid, pat, l, before, after)
             out = fused_blocks(q, k, v, mask, scale=1.0)  # queries already scaled
             return ops.reshape(out, (-1, length(q, 1) * l) + tuple(out.shape[3:])), None
-        return _band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
+        return band_part(q, k, v, valid, pat, l, before, after, dropout_fn)
 
     def part_b(q, k, v, pat):
         if pattern == "strided":
@@ -375,24 +376,6 @@ def sparse_attention(
 # ------------------------------------------------------------------ parts
 # Positions are static: they are laid out with numpy in the shape of the
 # scores, and the pattern predicate is evaluated on them as tensors.
-def _band_part(query, key, value, valid, pattern, l, before, after, dropout_fn):
-    """Each block of ``l`` queries against its own key block and ``before``
-    / ``after`` neighbouring blocks (strided A, fixed A). O(N * l)."""
-    N, H, dv = length(query, 1), query.shape[2], value.shape[3]
-    q, k, v, mask = band_blocks(query, key, value, valid, pattern, l, before, after)
-    mask = mask[:, :, None]  # (B, m, 1, l, C): the same mask for every head
-    # (B, m, l, H, d) x (B, m, C, H, d) -> (B, m, H, l, C)
-    scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
-    probs, lse = softmax_with_lse(scores, mask)  # lse: (B, m, H, l)
-    if dropout_fn is not None:
-        probs = dropout_fn(probs)
-    # (B, m, H, l, C) x (B, m, C, H, dv) -> (B, m, l, H, dv)
-    out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, v)
-    out = ops.reshape(out, (-1, N, H, dv))
-    lse = ops.reshape(ops.transpose(lse, (0, 1, 3, 2)), (-1, N, H))
-    return out, lse
-
-
 def _column_part(query, key, value, valid, pattern, l, dropout_fn):
     """The padded sequence as ``(m rows, l columns)``; each column attends
     within itself over the rows (strided B). O(N * m)."""

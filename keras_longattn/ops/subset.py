@@ -49,8 +49,10 @@ def key_subset_attention(
         query: ``(B, T, H, d)``; query ``t`` is at position ``t``.
         keys: ``(B, K, H, d)``, the keys of the subset.
         values: ``(B, K, H, dv)``.
-        key_positions: static int array ``(K,)``, the position of each key
-            of the subset (ascending when ``query_groups`` read prefixes).
+        key_positions: int ``(K,)``, the position of each key of the
+            subset (ascending when ``query_groups`` read prefixes), static
+            or a tensor; or int ``(B, K)``, positions per example (global
+            tokens chosen per example).
         key_valid: boolean ``(B or 1, K)``; False marks padded keys.
         pattern: an :class:`~keras_longattn.ops.AttentionPattern` evaluated
             on the (query, key) position pairs.
@@ -85,10 +87,12 @@ def key_subset_attention(
             q_pos = ops.convert_to_tensor(np.arange(start, stop, dtype="int32"))
         else:
             q_pos = ops.arange(start, stop, dtype="int32")
-        k_pos = ops.convert_to_tensor(key_positions, dtype="int32")[:read]
-        allowed = pattern.allowed(
-            q_pos[None, None, :, None], k_pos[None, None, None, :]
-        )  # (1, 1, Tg, read)
+        k_pos = ops.convert_to_tensor(key_positions, dtype="int32")
+        if len(k_pos.shape) == 2:  # per example: (B, K) -> (B, 1, 1, read)
+            k_pos = k_pos[:, None, None, :read]
+        else:
+            k_pos = k_pos[None, None, None, :read]
+        allowed = pattern.allowed(q_pos[None, None, :, None], k_pos)  # (B or 1, 1, Tg, read)
         mask = ops.logical_and(allowed, ops.cast(key_valid, "bool")[:, None, None, :read])
         q = query[:, start:stop]
         if fused:

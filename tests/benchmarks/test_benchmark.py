@@ -410,17 +410,18 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert sorted(path.suffix for path in tmp_path.glob("bench-*")) == [".csv", ".json"]
 
 
-@pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing"])
+@pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing", "longformer"])
 @pytest.mark.parametrize("scope", ["layer", "attention"])
 def test_worker_new_layers_and_scopes_in_process(layer, scope):
-    """The registry's sparse and routing entries run in both scopes."""
+    """The registry's sparse, routing and longformer entries run in both
+    scopes."""
     result = worker.run_config({"backend": BACKEND, "layer": layer, "mode": "fwdbwd",
                                 "seq_len": 64, "num_heads": 2, "head_dim": 8,
                                 "repeats": 1, "scope": scope, "options": {}})
     assert result["status"] == "ok", result.get("traceback")
     assert result["median_ms"] > 0
     expected = {"sparse-strided": "SparseAttention", "sparse-fixed": "SparseAttention",
-                "routing": "RoutingAttention"}[layer]
+                "routing": "RoutingAttention", "longformer": "LongformerAttention"}[layer]
     assert result["layer_class"].endswith(expected)
 
 
@@ -432,7 +433,7 @@ def test_scope_is_validated():
 def test_short_names_resolve_to_the_configs_measured_before():
     """The short names give the configurations of the former factories."""
     config = bench_config.BenchmarkConfig.create(
-        layers="full,local,sparse-strided,sparse-fixed,routing,mha",
+        layers="full,local,sparse-strided,sparse-fixed,routing,longformer,mha",
         lengths=[1024, 4096, 8192, 16384], backends=[BACKEND])
     head = {"num_heads": 4, "key_dim": 64}
     expected = {
@@ -442,6 +443,8 @@ def test_short_names_resolve_to_the_configs_measured_before():
                            "config": {"pattern": "strided", "block_length": 128, **head}},
         "sparse-fixed": {"class_name": "SparseAttention",
                          "config": {"pattern": "fixed", "block_length": 128, **head}},
+        "longformer": {"class_name": "LongformerAttention",
+                       "config": {"window": 512, "global_tokens": 16, **head}},
         "mha": {"class_name": "MultiHeadAttention", "config": head},
     }
     for name, spec in expected.items():

@@ -11,6 +11,7 @@ import keras
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.layers import SynthesizerAttention
@@ -123,4 +124,13 @@ class TestSynthesizerProperties(AttentionLayerProperties):
     max_length = 64
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_batch_composition")
+class TestLongformerAttentionProperties(AttentionLayerProperties):
+    """A leading global token and heads dilated 1 and 2 (cross-attention
+    included: the first position of the queries and of the keys is
+    global)."""
+
+    layer_cls = LongformerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 4, "dilation": [1, 2],
+                   "global_tokens": 1}
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
     property_examples = FEWER

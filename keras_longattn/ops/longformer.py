@@ -1,0 +1,360 @@
+"""What is specific to Longformer (Beltagy et al. 2020): its window
+convention, per-head dilations, the static slots of the global tokens of a
+call, and the whole efficient computation in O(n * (w + g)).
+
+Longformer's attention is the union of three patterns:
+
+* a sliding window of ``w`` keys: ``w / 2`` on each side, or the ``w``
+  previous positions in causal mode (plus the query's own position);
+* the same window dilated by ``r`` per head (:class:`DilatedPattern`):
+  keys ``i + r * t``, same number of keys, ``r`` times the reach;
+* global positions (:class:`GlobalPattern`): a global query attends to
+  every key and every query attends to the global keys. Global rows use
+  their own query/key/value projections (computed by the layer and passed
+  in as ``global_query``, ``global_key``, ``global_value``).
+
+Causal calls AND everything with ``j <= i``: a global key is seen only by
+the queries at or after it, a global query sees only the keys up to itself.
+
+Global tokens are per-call data (a boolean mask), so their number varies by
+example, while array shapes must be static. A call therefore has ``G``
+*slots* (:func:`global_slots`): the first ``G`` global positions of each
+example in ascending order, with a validity flag per slot. Slots are turned
+into one-hot ``(B, G, n)`` matrices to gather and scatter the global rows
+(O(n * G)).
+
+The computation (:func:`longformer_attention`):
+
+1. band part: every query against its (dilated) window, global keys left
+   out, one layout per distinct dilation (:func:`dilated_band_attention`):
+   O(n * w);
+2. key-subset part: every query against the ``G`` global keys
+   (:func:`key_subset_attention`): O(n * G);
+3. the two parts merged into one softmax by their log-sum-exps
+   (:func:`merge_attention_parts`);
+4. global rows: the ``G`` global queries against every key, with the global
+   projections, written over the merged rows: O(n * G).
+
+Shape legend: B batch, T query length, S key length, H heads, d key/query
+head size, dv value head size, G global slots.
+"""
+
+import collections
+import numbers
+
+import numpy as np
+from keras import ops
+
+from keras_longattn.kernels import compiled
+from keras_longattn.ops.blocked import dilated_band_attention
+from keras_longattn.ops.fused import fused_dot_product_attention
+from keras_longattn.ops.patterns import CausalPattern
+from keras_longattn.ops.patterns import DilatedPattern
+from keras_longattn.ops.patterns import FullPattern
+from keras_longattn.ops.patterns import GlobalPattern
+from keras_longattn.ops.reference import merge_attention_parts
+from keras_longattn.ops.reference import reference_attention
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
+from keras_longattn.ops.shapes import length
+from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.subset import key_subset_attention
+
+#: The global slots of a call: ``positions`` int32 ``(B or 1, G)``
+#: (ascending among valid slots), ``query_valid`` / ``key_valid`` boolean
+#: ``(B or 1, G)`` (whether the slot is a real global query / key position).
+GlobalSlots = collections.namedtuple(
+    "GlobalSlots", ["positions", "query_valid", "key_valid"]
+)
+
+
+# ------------------------------------------------------------- arguments
+def check_window(window):
+    """``window`` as a positive even int (``w / 2`` keys on each side), or
+    a ValueError naming it."""
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, numbers.Integral)
+        or window < 2
+        or window % 2
+    ):
+        raise ValueError(
+            "`window` must be a positive even integer (w / 2 keys on each "
+            f"side of the query). Received: window={window!r}"
+        )
+    return int(window)
+
+
+def check_dilation(dilation, num_heads):
+    """The dilation of each head, a tuple of ``num_heads`` ints >= 1, from
+    one int or a sequence of ``num_heads`` ints; a ValueError naming
+    ``dilation`` otherwise."""
+    message = (
+        "`dilation` must be a positive integer or a list of "
+        f"num_heads={num_heads} positive integers. Received: dilation={dilation!r}"
+    )
+
+    def one(r):
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 1:
+            raise ValueError(message)
+        return int(r)
+
+    if isinstance(dilation, (str, bytes)):
+        raise ValueError(message)
+    if isinstance(dilation, numbers.Integral) and not isinstance(dilation, bool):
+        return (one(dilation),) * num_heads
+    try:
+        values = tuple(dilation)
+    except TypeError:
+        raise ValueError(message) from None
+    if len(values) != num_heads:
+        raise ValueError(message)
+    return tuple(one(r) for r in values)
+
+
+def window_extents(window, causal):
+    """``(look_back, look_ahead)`` of a window of ``w`` keys: ``(w, 0)``
+    causal, ``(w / 2, w / 2)`` otherwise (each plus the query's own
+    position)."""
+    window = check_window(window)
+    return (window, 0) if causal else (window // 2, window // 2)
+
+
+def fused_block_size(window):
+    """Block size of the fused path when none is given: the window side
+    ``w / 2`` rounded up to a multiple of 8 (at least 8). Fewer, larger
+    kernel calls than the explicit path's half side: at ``w = 512`` this
+    was about 10-25% faster forward and backward on PyTorch's CPU kernel,
+    for 768 keys read per query instead of 640."""
+    side = check_window(window) // 2
+    return max(8, -(-side // 8) * 8)
+
+
+def longformer_head_patterns(window, dilations, causal, global_positions=()):
+    """The pattern of each head: the (dilated) window, OR the global
+    positions (a :class:`GlobalPattern` when any), AND ``j <= i`` when
+    causal. A tuple of ``len(dilations)`` patterns."""
+    look_back, look_ahead = window_extents(window, causal)
+    patterns = []
+    for r in dilations:
+        p = DilatedPattern(look_back, look_ahead, r)
+        if global_positions:
+            p = p | GlobalPattern(global_positions)
+            if causal:
+                p = p & CausalPattern()
+        patterns.append(p)
+    return tuple(patterns)
+
+
+# ----------------------------------------------------------- global slots
+@compiled(("query_length", "key_length", "global_tokens", "max_global"))
+def global_slots(query_length, key_length, global_mask=None, global_tokens=0,
+                 max_global=None):
+    """The ``G`` static global slots of a call (see the module docstring).
+
+    Args:
+        query_length: T.
+        key_length: S.
+        global_mask: optional boolean ``(B, n)`` of global positions
+            (self-attention, ``n = T = S``). Only the first ``max_global``
+            global positions of each example get a slot; the others stay
+            ordinary (local) positions.
+        global_tokens: without a mask, the first ``global_tokens`` positions
+            are global.
+        max_global: ``G`` with a mask (capped at ``n`` when static).
+
+    Returns:
+        A :class:`GlobalSlots`, or None when the call has no global slot.
+    """
+    if global_mask is not None:
+        n = length(global_mask, 1)
+        G = int(max_global) if not is_static(n) else min(int(max_global), n)
+        mask = ops.cast(global_mask, "bool")
+        mask = pad_axis(mask, 1, larger(n, G), value=False)
+        size = length(mask, 1)
+        # Earlier positions score higher; non-global positions score 0.
+        score = ops.cast(size - ops.arange(size, dtype="int32"), "float32")
+        score = ops.where(mask, score[None, :], 0.0)
+        values, positions = ops.top_k(score, G, sorted=True)
+        valid = values > 0
+        positions = ops.where(valid, ops.cast(positions, "int32"), 0)
+        return GlobalSlots(positions, valid, valid)
+    k = int(global_tokens)
+    if k == 0:
+        return None
+    positions = ops.convert_to_tensor(np.arange(k, dtype="int32")[None])  # (1, G)
+    return GlobalSlots(positions, positions < query_length, positions < key_length)
+
+
+def slot_matrix(positions, valid, length_, dtype="bool"):
+    """One-hot ``(B or 1, G, n)``: slot ``g`` at its position, where valid."""
+    pos = ops.arange(length_, dtype="int32")
+    hot = ops.logical_and(
+        ops.equal(positions[:, :, None], pos[None, None, :]), valid[:, :, None]
+    )
+    return hot if dtype == "bool" else ops.cast(hot, dtype)
+
+
+def global_flags(slots, query_length, key_length):
+    """Boolean ``(B or 1, T)`` global queries and ``(B or 1, S)`` global
+    keys of a call's slots (all False without slots)."""
+    if slots is None:
+        return None, None
+    q = ops.any(slot_matrix(slots.positions, slots.query_valid, query_length), axis=1)
+    k = ops.any(slot_matrix(slots.positions, slots.key_valid, key_length), axis=1)
+    return q, k
+
+
+# ------------------------------------------------------------ computation
+@compiled(("window", "dilation", "causal", "scale", "block_size", "dropout_fn", "fused"))
+def longformer_attention(
+    query,
+    key,
+    value,
+    window,
+    dilation=1,
+    causal=False,
+    slots=None,
+    global_query=None,
+    global_key=None,
+    global_value=None,
+    key_mask=None,
+    scale=None,
+    block_size=None,
+    dropout_fn=None,
+    fused=False,
+):
+    """Longformer attention in O(n * (w + G)) time and memory.
+
+    Equal to dense attention under :func:`longformer_head_patterns` with the
+    call's global positions, the global rows computed with the global
+    projections (the specification, checked by the tests). No tensor of
+    size ``T * S`` is built.
+
+    Args:
+        query: ``(B, T, H, d)``, local query projections.
+        key: ``(B, S, H, d)``, local key projections.
+        value: ``(B, S, H, dv)``, local value projections.
+        window: ``w``, even (see :func:`window_extents`).
+        dilation: one int or one per head.
+        causal: whether query ``i`` only sees keys ``j <= i``.
+        slots: the :class:`GlobalSlots` of the call (:func:`global_slots`),
+            or None for a plain (dilated) sliding window.
+        global_query: ``(B, G, H, d)``, the global query projections of the
+            slots' positions. Defaults to the local ones.
+        global_key: ``(B, S, H, d)``, global key projections of every
+            position. Defaults to ``key``.
+        global_value: ``(B, S, H, dv)``. Defaults to ``value``.
+        key_mask: optional boolean ``(B, S)``; False marks padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        block_size: positions per block of the band part. Defaults to
+            :func:`keras_longattn.ops.default_block_size` (explicit) or
+            :func:`fused_block_size` (fused).
+        dropout_fn: optional callable applied to the attention weights
+            (not with ``fused=True``).
+        fused: compute every part with
+            :func:`keras_longattn.ops.fused_dot_product_attention` (the
+            backend's fused kernel): the global keys are appended to the
+            keys of every window block, so that one softmax covers both
+            (no log-sum-exp merge); no dropout.
+
+    Returns:
+        ``(B, T, H, dv)``. Queries with no visible key get zeros.
+    """
+    if fused and dropout_fn is not None:
+        raise ValueError("`fused=True` does not support attention dropout.")
+    if fused and block_size is None:
+        block_size = fused_block_size(window)
+    T, S = length(query, 1), length(key, 1)
+    H, d = query.shape[2], query.shape[3]
+    if scale is None:
+        scale = 1.0 / float(d) ** 0.5
+    dilations = check_dilation(dilation, H)
+    look_back, look_ahead = window_extents(window, causal)
+    batch = ops.shape(query)[0]
+    local_keys = None if key_mask is None else ops.cast(key_mask, "bool")
+    extra = None
+    if slots is not None:
+        positions = ops.broadcast_to(slots.positions, (batch,) + tuple(slots.positions.shape[1:]))
+        G = positions.shape[1]
+        q_valid = ops.broadcast_to(slots.query_valid, (batch, G))
+        k_valid = ops.broadcast_to(slots.key_valid, (batch, G))
+        if key_mask is not None:  # a padded global key is no key at all
+            k_valid = ops.logical_and(
+                k_valid, ops.any(ops.logical_and(slot_matrix(positions, k_valid, S),
+                                                 local_keys[:, None, :]), axis=-1))
+        hot_k = slot_matrix(positions, k_valid, S)  # (B, G, S)
+        # The band leaves the global keys to the key-subset part.
+        not_global = ops.logical_not(ops.any(hot_k, axis=1))  # (B, S)
+        local_keys = not_global if local_keys is None else ops.logical_and(local_keys, not_global)
+        # (B, G, S) x (B, S, H, d) -> (B, G, H, d): the keys of the slots.
+        keys_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, key.dtype), key)
+        values_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, value.dtype), value)
+        subset_pattern = CausalPattern() if causal else FullPattern()
+
+    # 1. The band, one layout per distinct dilation.
+    groups = {}
+    for h, r in enumerate(dilations):
+        groups.setdefault(r, []).append(h)
+    outs, lses, order = [], [], []
+    for r, heads in groups.items():
+        def pick(x, heads=heads):
+            if len(heads) == H:
+                return x
+            if heads == list(range(heads[0], heads[-1] + 1)):
+                return x[:, :, heads[0] : heads[-1] + 1]
+            return ops.take(x, np.asarray(heads, dtype="int32"), axis=2)
+
+        if fused and slots is not None:
+            extra = (pick(keys_g), pick(values_g), positions, k_valid, subset_pattern)
+        out, lse = dilated_band_attention(
+            pick(query), pick(key), pick(value), look_back, look_ahead, r,
+            block_size=block_size, key_mask=local_keys, scale=scale,
+            dropout_fn=dropout_fn, fused=fused, extra_keys=extra,
+        )
+        outs.append(out)
+        lses.append(lse)
+        order.extend(heads)
+    if len(outs) == 1:
+        out, lse = outs[0], lses[0]
+    else:
+        inverse = np.argsort(np.asarray(order)).astype("int32")
+        out = ops.take(ops.concatenate(outs, axis=2), inverse, axis=2)
+        lse = None if fused else ops.take(ops.concatenate(lses, axis=2), inverse, axis=2)
+    if slots is None:
+        return out
+
+    if not fused:
+        # 2-3. Every query against the global keys, merged with the band.
+        subset_out, subset_lse = key_subset_attention(
+            query, keys_g, values_g, positions, k_valid, subset_pattern,
+            scale=scale, dropout_fn=dropout_fn,
+        )
+        out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
+
+    # 4. The global rows: each global query against every key.
+    hot_q = slot_matrix(positions, q_valid, T, dtype=query.dtype)  # (B, G, T)
+    if global_query is None:
+        # (B, G, T) x (B, T, H, d) -> (B, G, H, d)
+        global_query = ops.einsum("bgt,bthd->bghd", hot_q, query)
+    global_key = key if global_key is None else global_key
+    global_value = value if global_value is None else global_value
+    visible = ops.ones((1, 1, 1, 1), dtype="bool")
+    if key_mask is not None:
+        visible = ops.cast(key_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
+    if causal:
+        k_pos = ops.arange(S, dtype="int32")
+        visible = ops.logical_and(visible, positions[:, None, :, None] >= k_pos)  # (B, 1, G, S)
+    if fused:
+        rows = fused_dot_product_attention(
+            global_query, global_key, global_value, mask=visible, scale=scale
+        )
+    else:
+        rows = reference_attention(
+            global_query, global_key, global_value, mask=visible, scale=scale,
+            dropout_fn=dropout_fn,
+        )  # (B, G, H, dv)
+    # (B, G, T) x (B, G, H, dv) -> (B, T, H, dv)
+    scattered = ops.einsum("bgt,bghd->bthd", ops.cast(hot_q, rows.dtype), rows)
+    is_global = ops.any(ops.cast(hot_q, "bool"), axis=1)[:, :, None, None]  # (B, T, 1, 1)
+    return ops.where(is_global, ops.cast(scattered, out.dtype), out)
