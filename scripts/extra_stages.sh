@@ -15,8 +15,9 @@
 #   lra        the LRA-style suite at CI size, every task for one layer
 #              (keras-longattn lra; reports in build/lra/)
 #   nbval      execute every notebook of notebooks/ (committed without
-#              outputs) that the notebooks stage did not execute, at its
-#              CI-size defaults, with nbval (--nbval-lax:
+#              outputs) but those of NOTEBOOKS, which the notebooks stage
+#              executes (NOTEBOOKS=none: all of them), at its CI-size
+#              defaults, with nbval (--nbval-lax:
 #              every cell must run, so a failed claim assert fails it); the
 #              paper notebooks write their CI-size results to
 #              build/notebooks/<slug>.json. One execution per notebook: the
@@ -53,6 +54,7 @@ stage_notebooks() {
   local backend_args=()
   [ -n "${NOTEBOOK_BACKEND:-}" ] && backend_args=(--backend "$NOTEBOOK_BACKEND")
   local selection=(${NOTEBOOKS:-quickstart})
+  [ "${selection[*]}" = "none" ] && { echo "[notebooks] NOTEBOOKS=none: nothing to run"; return 0; }
   [ "${selection[*]}" = "all" ] && selection=(--all)
   python -m keras_longattn.reproduce "${selection[@]}" --output-dir "$NOTEBOOK_DIR" "${backend_args[@]}"
 }
@@ -70,7 +72,7 @@ stage_nbval() {
   local ran=" ${NOTEBOOKS:-quickstart} " path slug
   for path in notebooks/*.ipynb; do
     slug=$(basename "$path" .ipynb)
-    if [[ "$STAGES" == *notebooks* ]] && { [ "$ran" = " all " ] || [[ "$ran" == *" $slug "* ]]; }; then
+    if [ "$ran" = " all " ] || [[ "$ran" == *" $slug "* ]]; then
       echo "[nbval] $slug: executed by the notebooks stage"
       continue
     fi

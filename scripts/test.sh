@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: once per Keras backend, each in its own pytest
-# process, sequentially. Extra arguments go to pytest.
+# process, then the notebooks and the docs (scripts/extra_stages.sh). Two
+# lanes share the two cores (see below; TEST_LANES=1: one after the other).
+# Extra arguments go to pytest. Logs: build/test-logs/.
 #   bash scripts/test.sh                 # everything
 #   BACKENDS=jax bash scripts/test.sh -k local
 set -uo pipefail
@@ -20,21 +22,32 @@ echo "[stage] setup: $(( $(date +%s) - t0 ))s"
 # machine starts empty and fills the cache as it goes. Nothing else changes:
 # the same tests run and compute the same values.
 # KERAS_LONGATTN_COMPILE_CACHE=off: no cache; =DIR: another place.
+# No size limit for JAX (its LRU bookkeeping lists the whole folder on
+# every write: quadratic in the thousands of small programs); instead the
+# folder is emptied when it has grown past 4 GiB.
 cache_root="${KERAS_LONGATTN_COMPILE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-longattn}"
 if [ "$cache_root" != off ] && mkdir -p "$cache_root/jax" "$cache_root/torchinductor" 2>/dev/null; then
+  if [ "$(du -sk "$cache_root" | cut -f1)" -gt $(( 4 * 1024 * 1024 )) ]; then
+    echo "[test] compilation caches over 4 GiB: emptied"
+    rm -rf "$cache_root/jax" "$cache_root/torchinductor"
+    mkdir -p "$cache_root/jax" "$cache_root/torchinductor"
+  fi
   export JAX_COMPILATION_CACHE_DIR="$cache_root/jax"
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-  export JAX_COMPILATION_CACHE_MAX_SIZE=$(( 2 * 1024 * 1024 * 1024 ))
   export TORCHINDUCTOR_CACHE_DIR="$cache_root/torchinductor"
   echo "[test] compilation caches in $cache_root ($(du -sh "$cache_root" 2>/dev/null | cut -f1) now)"
 fi
 
-status=0
-summary=()
-for backend in ${BACKENDS:-jax tensorflow torch}; do
+LOGS="$ROOT/build/test-logs"
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+
+# One backend's unit tests in one pytest process; its output goes to a log
+# that is printed whole when the run ends (two lanes never interleave lines).
+unit_tests() {
+  local backend=$1 s rc xla_flags
+  shift
   s=$(date +%s)
-  echo "[stage] unit tests, KERAS_BACKEND=$backend"
   xla_flags="${XLA_FLAGS:-}"
   if [ "$backend" = jax ] && [ -z "${KEEP_XLA_OPTIMIZATION:-}" ]; then
     # The unit tests run small inputs once: on jax their time is mostly XLA
@@ -44,25 +57,74 @@ for backend in ${BACKENDS:-jax tensorflow torch}; do
     # keeps it here too).
     xla_flags="$xla_flags --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
   fi
-  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@"
+  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" \
+    >"$LOGS/unit-$backend.log" 2>&1
   rc=$?
   if [ $rc -eq 5 ]; then
-    echo "[test] $backend: no tests collected"
+    echo "[test] $backend: no tests collected" >>"$LOGS/unit-$backend.log"
     rc=0
   fi
-  [ $rc -ne 0 ] && status=1
-  summary+=("unit tests ($backend): rc=$rc, $(( $(date +%s) - s ))s")
-done
+  show "$LOGS/unit-$backend.log" "unit tests, KERAS_BACKEND=$backend"
+  record "unit tests ($backend): rc=$rc, $(( $(date +%s) - s ))s" $rc
+  return $rc
+}
 
-if [ -x scripts/extra_stages.sh ] && [ -z "${SKIP_EXTRA_STAGES:-}" ]; then
+# Stages of scripts/extra_stages.sh (notebooks and docs), logged likewise.
+extra() {
+  local name=$1 s rc
+  shift
   s=$(date +%s)
-  bash scripts/extra_stages.sh
+  STAGES="$*" bash scripts/extra_stages.sh >"$LOGS/extra-$name.log" 2>&1
   rc=$?
-  [ $rc -ne 0 ] && status=1
-  summary+=("notebooks and docs: rc=$rc, $(( $(date +%s) - s ))s")
+  show "$LOGS/extra-$name.log" "stages: $*"
+  record "stages $*: rc=$rc, $(( $(date +%s) - s ))s" $rc
+  return $rc
+}
+
+show() {
+  # flock: the two lanes print one whole log at a time.
+  ( flock 9; echo "[stage] $2 ($(basename "$1"))"; cat "$1" ) 9>"$LOGS/.print.lock"
+}
+
+record() {
+  echo "$1" >>"$LOGS/summary"
+  [ "$2" -ne 0 ] && touch "$LOGS/failed"
+  return 0
+}
+
+with_extra=1
+[ -x scripts/extra_stages.sh ] && [ -z "${SKIP_EXTRA_STAGES:-}" ] || with_extra=0
+backends=(${BACKENDS:-jax tensorflow torch})
+
+if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
+  # Two lanes on the two cores. The JAX unit tests are mostly XLA compiling
+  # small programs, one core's work: the other core runs the other
+  # backends' unit tests meanwhile (one pytest process per backend, never
+  # pytest-xdist). No unit test measures time. Lane 1: the first backend,
+  # then the LRA-style suite (trains, reports times, asserts none). Lane 2:
+  # the other backends, then the quickstart notebook. The paper notebooks,
+  # whose claims include same-run speed ratios, run afterwards, alone.
+  echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}"
+  (
+    unit_tests "${backends[0]}" "$@"
+    [ $with_extra -eq 1 ] && extra lra lra
+  ) &
+  lane1=$!
+  (
+    for backend in "${backends[@]:1}"; do unit_tests "$backend" "$@"; done
+    [ $with_extra -eq 1 ] && extra notebooks notebooks
+  ) &
+  lane2=$!
+  wait $lane1 $lane2
+  [ $with_extra -eq 1 ] && extra docs nbval build browser
+else
+  for backend in "${backends[@]}"; do unit_tests "$backend" "$@"; done
+  [ $with_extra -eq 1 ] && extra all notebooks lra nbval build browser
 fi
 
-echo "[stage] summary"
-for line in "${summary[@]}"; do echo "  $line"; done
+status=0
+[ -f "$LOGS/failed" ] && status=1
+echo "[stage] summary (logs in build/test-logs/)"
+sed 's/^/  /' "$LOGS/summary"
 echo "  total: $(( $(date +%s) - t0 ))s"
 exit $status
