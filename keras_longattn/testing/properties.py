@@ -515,6 +515,11 @@ class AttentionLayerProperties:
         # under jit; MultiHeadAttention fails the same way in predict):
         # float16 runs eagerly on JAX.
         jit = self.jit_on_jax and compute != "float16"
+        # Seeded weights: the result must not depend on which tests ran
+        # before (discrete layers, e.g. routing, can move a token to another
+        # cluster under float16 for some weights; the stated tolerance is for
+        # these).
+        keras.utils.set_random_seed(5)
         for causal in self.modes()[:1]:
             kwargs = {"use_causal_mask": causal}
             if self.supports_padding:
