@@ -42,7 +42,7 @@ class TestBigBirdAttentionFused(AttentionLayerConformance):
     reference_lengths = (37,)
 
 
-@pytest.mark.grid
+@pytest.mark.slow
 class TestBigBirdAttentionLong(AttentionLayerConformance):
     """The default blocks at a long length (causal only), 32 blocks of 64."""
 
