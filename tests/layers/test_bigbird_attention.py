@@ -161,8 +161,8 @@ def test_short_inputs_take_the_same_path(implementation, monkeypatch):
         calls.append(kwargs.get("fused"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(la_bigbird, "bigbird_attention", spy)
     layer, ref = _pair(implementation=implementation)
+    monkeypatch.setattr(la_bigbird, "bigbird_attention", spy)
     x = _inputs(n=5)
     for causal in (False, True):
         out = to_np(layer(x, x, use_causal_mask=causal))
