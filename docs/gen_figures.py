@@ -80,7 +80,7 @@ FIGURE_OPTIONS = {
     "LinformerAttention": {"k": 8, "max_length": 32},
     "SynthesizerAttention": {"kind": "random+vanilla", "max_length": 32},
     "LongformerAttention": {"window": 6, "dilation": [1, 2], "global_tokens": 2},
-    "BigBirdAttention": {"block_size": 4, "window_blocks": 3, "global_blocks": 1,
+    "BigBirdAttention": {"block_size": 2, "window_blocks": 3, "global_blocks": 1,
                          "random_blocks": 2, "seed": 0},
 }
 #: Layers whose figure shows each head's pattern (``layer.head_patterns``),
