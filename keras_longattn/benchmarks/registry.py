@@ -155,7 +155,8 @@ def get_spec(name: str) -> LayerSpec:
 #: (the paper's ``(1/2, 1/4, 1/8, 1/16)`` for four heads); ``linformer``
 #: k = 256 slots (the paper's Table 3) with ``max_length`` the benchmark's
 #: length; ``synthesizer`` the paper's best translation mixture, random +
-#: vanilla, with tables of the benchmark's length.
+#: vanilla, with tables of the benchmark's length; ``bigbird`` the paper's
+#: blocks of 64 with 3 window, 2 global and 3 random blocks (seed 0).
 _BUILTIN = (
     ("full", {"class_name": "FullAttention", "config": {}},
      "keras_longattn FullAttention (exact; the ratio baseline)"),
@@ -187,6 +188,12 @@ _BUILTIN = (
       "config": {"kind": "random+vanilla", "max_length": "${seq_len}"}},
      "keras_longattn SynthesizerAttention, random + vanilla logits mixed by "
      "learned weights"),
+    ("bigbird",
+     {"class_name": "BigBirdAttention",
+      "config": {"block_size": 64, "window_blocks": 3, "global_blocks": 2,
+                 "random_blocks": 3, "seed": 0}},
+     "keras_longattn BigBirdAttention, blocks of 64: 3 window, 2 global and "
+     "3 random blocks per query block"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )

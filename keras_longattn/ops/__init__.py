@@ -28,7 +28,8 @@
   :mod:`~keras_longattn.ops.routing` (balanced cluster attention),
   :mod:`~keras_longattn.ops.adamra` (compression rates, the router) and
   :mod:`~keras_longattn.ops.longformer` (window convention, per-head
-  dilation, global slots).
+  dilation, global slots) and :mod:`~keras_longattn.ops.bigbird` (window,
+  global and random blocks).
 
 Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
 
@@ -37,6 +38,7 @@ H heads, d head size.
 """
 
 from keras_longattn.ops import adamra
+from keras_longattn.ops import bigbird
 from keras_longattn.ops import chunked
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
@@ -46,6 +48,8 @@ from keras_longattn.ops import segments
 from keras_longattn.ops import shapes
 from keras_longattn.ops import sparse
 from keras_longattn.ops import subset
+from keras_longattn.ops.bigbird import BigBirdPattern
+from keras_longattn.ops.bigbird import bigbird_attention
 from keras_longattn.ops.blocked import block_attention
 from keras_longattn.ops.blocked import band_part
 from keras_longattn.ops.blocked import blocked_band_attention

@@ -11,6 +11,7 @@ MODULES = [
     "keras_longattn.layers.sparse_attention",
     "keras_longattn.layers.routing_attention",
     "keras_longattn.layers.longformer_attention",
+    "keras_longattn.layers.bigbird_attention",
     "keras_longattn.layers.base_attention",
     "keras_longattn.layers.linformer_attention",
     "keras_longattn.layers.synthesizer_attention",
@@ -25,6 +26,7 @@ MODULES = [
     "keras_longattn.ops.routing",
     "keras_longattn.ops.sparse",
     "keras_longattn.ops.longformer",
+    "keras_longattn.ops.bigbird",
     "keras_longattn.layers.dispatch",
     "keras_longattn.kernels",
 ]

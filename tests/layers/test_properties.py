@@ -11,6 +11,7 @@ import keras
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
@@ -132,5 +133,19 @@ class TestLongformerAttentionProperties(AttentionLayerProperties):
     layer_cls = LongformerAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 4, "dilation": [1, 2],
                    "global_tokens": 1}
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
+    property_examples = FEWER
+
+
+class TestBigBirdAttentionProperties(AttentionLayerProperties):
+    """Blocks of 4, one global block, two random blocks (cross-attention
+    included); an example alone and padded in a batch is checked in
+    tests/layers/test_bigbird_attention.py."""
+
+    layer_cls = BigBirdAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "block_size": 4, "global_blocks": 1,
+                   "random_blocks": 2, "seed": 5}
+    # The random blocks are drawn per number of blocks: static lengths only.
+    supports_dynamic_length = False
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
     property_examples = FEWER
