@@ -21,3 +21,15 @@ def non_negative_int(name, value):
             f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
         )
     return int(value)
+
+
+def length_within(what, length, max_length, holder):
+    """Refuses a sequence longer than the ``max_length`` of a layer whose
+    weights are sized by it (``holder`` says which: e.g. "the projections of
+    LinformerAttention"). Lengths unknown while tracing pass."""
+    if isinstance(length, int) and length > max_length:
+        raise ValueError(
+            f"The {what} sequence has {length} positions, more than {holder} "
+            f"take (max_length={max_length}). Received: {what} length {length} > "
+            f"max_length={max_length}"
+        )

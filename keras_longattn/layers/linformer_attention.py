@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_longattn import ops as la_ops
+from keras_longattn._validation import length_within
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
@@ -351,14 +352,8 @@ class LinformerAttention(BaseAttention):
         return super()._select(context)
 
     def _dispatch(self, q, k, v, context):
-        S = context.key_length
-        if isinstance(S, int) and S > self.max_length:
-            raise ValueError(
-                f"The key sequence has {S} positions, more than the "
-                f"projections of LinformerAttention take (max_length="
-                f"{self.max_length}). Received: key length {S} > "
-                f"max_length={self.max_length}"
-            )
+        length_within("key", context.key_length, self.max_length,
+                      "the projections of LinformerAttention")
         return super()._dispatch(q, k, v, context)
 
     # -------------------------------------------------------- efficient paths

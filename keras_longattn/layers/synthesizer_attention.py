@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_longattn import ops as la_ops
+from keras_longattn._validation import length_within
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
@@ -309,13 +310,8 @@ class SynthesizerAttention(BaseAttention):
             if any(c in _POSITIONAL for c in self.components):
                 lengths.insert(0, ("query", context.query_length))
             for name, n in lengths:
-                if isinstance(n, int) and n > self.max_length:
-                    raise ValueError(
-                        f"The {name} sequence has {n} positions, more than the "
-                        f"synthetic tables of SynthesizerAttention hold "
-                        f"(max_length={self.max_length}). Received: {name} "
-                        f"length {n} > max_length={self.max_length}"
-                    )
+                length_within(name, n, self.max_length,
+                              "the synthetic tables of SynthesizerAttention")
         return super()._dispatch(q, k, v, context)
 
     # -------------------------------------------------------------- logits
