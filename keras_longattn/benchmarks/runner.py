@@ -270,6 +270,11 @@ def _child_env(backend: str) -> dict[str, str]:
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A measurement never depends on a compilation cache: a program loaded
+    # from JAX's persistent cache (scripts/test.sh keeps one) skips the
+    # compiler and its memory, which moves peak-memory ratios.
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     # The worker must import this very keras_longattn, installed or not.
     paths = [_PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
