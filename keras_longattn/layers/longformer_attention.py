@@ -392,27 +392,21 @@ class LongformerAttention(BaseAttention):
     def _blocked(self, query, key, value, context):
         """Band + global keys merged by log-sum-exp, plus the global rows,
         with explicit einsums and softmax."""
-        qg, kg, vg = self._global_projections(context, rows_only=True)
-        return la_longformer.longformer_attention(
-            query, key, value, self.window, self.dilations,
-            causal=context.causal,
-            slots=context.global_slots,
-            global_query=qg, global_key=kg, global_value=vg,
-            key_mask=context.padding.key_mask,
-            scale=self._inverse_sqrt_key_dim,
-            block_size=self.block_size,
-            # Outside training dropout is the identity: no dropout_fn, so
-            # that JAX runs the compiled program.
-            dropout_fn=(
-                self._dropout_fn(context.training) if is_training(context.training) else None
-            ),
+        # Outside training dropout is the identity: no dropout_fn, so that
+        # JAX runs the compiled program.
+        dropout_fn = (
+            self._dropout_fn(context.training) if is_training(context.training) else None
         )
+        return self._longformer(query, key, value, context, dropout_fn=dropout_fn)
 
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``,
         the global keys appended to every window block (one softmax, no
         merge)."""
+        return self._longformer(query, key, value, context, fused=True)
+
+    def _longformer(self, query, key, value, context, **path):
         qg, kg, vg = self._global_projections(context, rows_only=True)
         return la_longformer.longformer_attention(
             query, key, value, self.window, self.dilations,
@@ -422,7 +416,7 @@ class LongformerAttention(BaseAttention):
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
             block_size=self.block_size,
-            fused=True,
+            **path,
         )
 
     def full_attention_limit(self, sequence_length):
