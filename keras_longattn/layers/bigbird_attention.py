@@ -8,7 +8,6 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import bigbird as la_bigbird
-from keras_longattn.ops.shapes import is_static
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -30,8 +29,8 @@ class BigBirdAttention(BaseAttention):
     window only, and a global row is a causal full-attention row.
 
     Random blocks are fixed per layer: a deterministic function of ``seed``
-    (a constructor argument, in the config) and of the number of blocks up
-    to the last real key of the example. They are the same on every call
+    (a constructor argument, in the config), of the query block and of the
+    number of blocks up to the last real key of the example. They are the same on every call
     and every backend, and an example gets the same blocks alone or padded
     in a batch. A query block with fewer candidates than ``r`` (short
     inputs) gets fewer random blocks: short inputs take the same path and
@@ -45,10 +44,10 @@ class BigBirdAttention(BaseAttention):
     dropout in training) gives the same layouts to
     ``keras.ops.dot_product_attention``. ``"reference"`` is dense attention
     under the same pattern (:func:`keras_longattn.ops.bigbird.dense_mask`),
-    O(n^2). Sequence lengths must be static when the layer computes (the
-    random blocks are drawn per number of blocks); a functional model may
-    still declare ``None`` lengths when its calls are eager or traced per
-    shape.
+    O(n^2). The random blocks are computed inside the graph (a hash of
+    ``(seed, query block, key block)``), so the efficient paths also run
+    with lengths unknown while tracing (a TensorFlow model fed several
+    sequence lengths).
 
     Args:
         num_heads: number of attention heads.
@@ -158,18 +157,10 @@ class BigBirdAttention(BaseAttention):
             ),
         )
 
-    @_blocked.refuses
-    def _blocked(self, context):
-        return _static_lengths_reason(context)
-
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``."""
         return self._attend_blocks(query, key, value, context, fused=True)
-
-    @_blocked_fused.refuses
-    def _blocked_fused(self, context):
-        return _static_lengths_reason(context)
 
     def _attend_blocks(self, query, key, value, context, fused, dropout_fn=None):
         return la_bigbird.bigbird_attention(
@@ -202,10 +193,3 @@ class BigBirdAttention(BaseAttention):
             }
         )
         return config
-
-
-def _static_lengths_reason(context):
-    T, S = context.query_length, context.key_length
-    if T is not None and S is not None and not is_static(T, S):
-        return "the random blocks need static sequence lengths"
-    return None

@@ -16,22 +16,24 @@ random blocks are drawn among the blocks before the window only, a global
 key block is seen by the queries at or after it and a global row is a
 causal full-attention row.
 
-Random blocks are data, not state: the candidates of query block ``i`` get
-fixed scores drawn from ``numpy.random.default_rng([seed, i])`` (one per
-key block, in order, so the first ``m`` scores never depend on how many
-follow), and the ``r`` best-scoring candidates among the blocks in use are
-taken. The blocks in use are those up to the last real (unpadded) key of
-the example, so the random blocks of an example are a deterministic
-function of ``(seed, its number of blocks)``: the same alone or padded in a
-batch. Blocks that cannot be filled (fewer candidates than ``r``, e.g. on
-short inputs) stay empty; short inputs take the same path.
+Random blocks are data, not state: candidate key block ``j`` of query block
+``i`` gets the integer score :func:`block_scores` ``(seed, i, j)``, a hash
+computed inside the graph (32-bit integer arithmetic, identical on every
+backend), and the ``r`` best-scoring candidates among the blocks in use
+are taken. A score depends on ``(seed, i, j)`` only, never on the length,
+so the blocks are computed in the graph for lengths unknown while tracing
+(TensorFlow retracing with ``None`` lengths). The blocks in use are those
+up to the last real (unpadded) key of the example, so the random blocks of
+an example are a deterministic function of ``(seed, its number of
+blocks)``: the same alone or padded in a batch. Blocks that cannot be
+filled (fewer candidates than ``r``, e.g. on short inputs) stay empty;
+short inputs take the same path.
 
 Shape legend: B batch, T query length, S key length, H heads, d key/query
 head size, dv value head size, b block size, nq / nk query / key blocks,
 K key blocks per query block (``w' + g + r``), C = K * b keys per block.
 """
 
-import functools
 import math
 import numbers
 
@@ -48,8 +50,11 @@ from keras_longattn.ops.patterns import AttentionPattern
 from keras_longattn.ops.reference import masked_softmax
 from keras_longattn.ops.reference import reference_attention
 from keras_longattn.ops.segments import take_rows
+from keras_longattn.ops.shapes import ceil_div
 from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
 from keras_longattn.ops.shapes import length
+from keras_longattn.ops.shapes import smaller
 
 
 # ------------------------------------------------------------- arguments
@@ -87,18 +92,47 @@ def check_arguments(block_size, window_blocks, global_blocks, random_blocks, see
 
 
 # ----------------------------------------------------------- the pattern
-@functools.lru_cache(maxsize=32)
-def random_scores(seed, num_query_blocks, num_key_blocks):
-    """Static float32 ``(nq, nk)`` scores of the random-block candidates:
-    row ``i`` is ``default_rng([seed, i]).random(nk)`` (its first ``m``
-    entries do not depend on ``nk``)."""
-    rows = [
-        np.random.default_rng([int(seed), i]).random(int(num_key_blocks))
-        for i in range(int(num_query_blocks))
-    ]
-    if not rows:
-        return np.zeros((0, int(num_key_blocks)), "float32")
-    return np.stack(rows).astype("float32")
+#: Multipliers of the score hash (:func:`block_scores`), as signed int32.
+_HASH_SEED, _HASH_I, _HASH_J = -1640531535, -2048144777, -1028477379
+_HASH_M1, _HASH_M2 = -2048144789, -1028477387
+#: A score is ``(hash & 0x3FFF) * 2**17 + j``: unique per query block for
+#: up to 2**17 key blocks, and below 2**31.
+_HASH_BITS, _J_BITS = 0x3FFF, 17
+
+
+def _int32(value):
+    """A Python int wrapped to the signed int32 range."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def block_scores(seed, query_blocks, key_blocks):
+    """Int32 scores of key blocks ``key_blocks`` (int32 ``(nk,)``) as
+    random-block candidates of query blocks ``query_blocks`` (int32
+    ``(nq,)``): ``(nq, nk)``, non-negative, distinct within a row.
+
+    A hash of ``(seed, i, j)`` in wrapping int32 arithmetic (multiplies,
+    xors and arithmetic right shifts, which every backend computes alike):
+    ``h = seed * A ^ i * B ^ j * C``, then ``h ^= h >> 16; h *= M1;
+    h ^= h >> 13; h *= M2; h ^= h >> 16``, and the score
+    ``(h & 0x3FFF) * 2**17 + j``. Lengths may be unknown while tracing.
+    """
+    seed_term = _int32(int(seed) * (_HASH_SEED & 0xFFFFFFFF))
+    i = ops.cast(query_blocks, "int32")[:, None]
+    j = ops.cast(key_blocks, "int32")[None, :]
+
+    def const(v):
+        return ops.convert_to_tensor(np.int32(v))
+
+    h = ops.bitwise_xor(ops.multiply(i, const(_HASH_I)), ops.multiply(j, const(_HASH_J)))
+    h = ops.bitwise_xor(h, const(seed_term))
+    h = ops.bitwise_xor(h, ops.right_shift(h, const(16)))
+    h = ops.multiply(h, const(_HASH_M1))
+    h = ops.bitwise_xor(h, ops.right_shift(h, const(13)))
+    h = ops.multiply(h, const(_HASH_M2))
+    h = ops.bitwise_xor(h, ops.right_shift(h, const(16)))
+    h = ops.bitwise_and(h, const(_HASH_BITS))
+    return ops.add(ops.left_shift(h, const(_J_BITS)), j)
 
 
 def window_offsets(window_blocks, causal):
@@ -110,11 +144,11 @@ def window_offsets(window_blocks, causal):
 
 def used_key_blocks(key_mask, key_length, block_size):
     """Int32 ``(B,)`` (or ``(1,)`` without a mask): the key blocks up to the
-    last real key of each example."""
+    last real key of each example. ``key_length`` may be a tensor."""
     b = int(block_size)
     if key_mask is None:
-        return ops.convert_to_tensor(np.array([-(-int(key_length) // b)], "int32"))
-    pos = ops.arange(1, int(key_length) + 1, dtype="int32")
+        return ops.reshape(ops.cast(ceil_div(key_length, b), "int32"), (1,))
+    pos = ops.arange(1, key_length + 1, dtype="int32")
     last = ops.max(ops.where(ops.cast(key_mask, "bool"), pos[None, :], 0), axis=1)
     return ops.cast((last + b - 1) // b, "int32")
 
@@ -124,8 +158,9 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
     """The key blocks each query block attends to, without duplicates.
 
     Args:
-        num_query_blocks: ``nq`` (static int).
-        num_key_blocks: ``nk`` (static int).
+        num_query_blocks: ``nq`` (an int, or a scalar tensor while tracing
+            with unknown lengths).
+        num_key_blocks: ``nk`` (likewise).
         used_blocks: int32 ``(B or 1,)``, the key blocks in use per example
             (:func:`used_key_blocks`): random blocks are drawn among them.
         window_blocks, global_blocks, random_blocks, seed, causal: the
@@ -139,34 +174,33 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
         no candidate left). The global rows (every key for the queries of
         the first ``g`` blocks) are not in the table.
     """
-    nq, nk = int(num_query_blocks), int(num_key_blocks)
+    nq, nk = num_query_blocks, num_key_blocks
     g = int(global_blocks)
     offsets = window_offsets(window_blocks, causal)
     half = int(window_blocks) // 2
-    i = np.arange(nq)[:, None]
-    win = i + np.asarray(offsets)[None, :]  # (nq, w')
-    win_ok = (win >= 0) & (win < nk) & (win >= g)  # global blocks come next
-    glob = np.broadcast_to(np.arange(g)[None, :], (nq, g))
+    i = ops.arange(nq, dtype="int32")[:, None]  # (nq, 1)
+    win = i + ops.convert_to_tensor(np.asarray(offsets, "int32"))[None, :]  # (nq, w')
+    win_ok = ops.logical_and(ops.logical_and(win >= 0, win < nk), win >= g)
+    glob = ops.broadcast_to(ops.arange(g, dtype="int32")[None, :], (nq, g))
     glob_ok = glob < nk
-    static_table = np.concatenate([win, glob], axis=1).astype("int32")
-    static_valid = np.concatenate([win_ok, glob_ok], axis=1)
-    table = ops.convert_to_tensor(np.clip(static_table, 0, max(nk - 1, 0))[None])
-    valid = ops.convert_to_tensor(static_valid[None])
-    r = min(int(random_blocks), nk)
-    if r == 0 or nq == 0:
+    table = ops.clip(ops.concatenate([win, glob], axis=1), 0, larger(nk - 1, 0))[None]
+    valid = ops.concatenate([win_ok, glob_ok], axis=1)[None]
+    r = int(random_blocks)
+    if r == 0 or (is_static(nq) and int(nq) == 0):
         return table, valid
-    j = np.arange(nk)[None, :]
+    j = ops.arange(nk, dtype="int32")[None, :]  # (1, nk)
     if causal:
-        candidate = (j >= g) & (j < i - half)
+        candidate = ops.logical_and(j >= g, j < i - half)
     else:
-        candidate = (j >= g) & (np.abs(j - i) > half)  # (nq, nk)
+        candidate = ops.logical_and(j >= g, ops.abs(j - i) > half)  # (nq, nk)
     used = ops.reshape(ops.cast(used_blocks, "int32"), (-1, 1, 1))
-    in_use = ops.convert_to_tensor(np.arange(nk, dtype="int32"))[None, None, :] < used
-    candidate = ops.logical_and(ops.convert_to_tensor(candidate)[None], in_use)
-    scores = ops.convert_to_tensor(random_scores(seed, nq, nk))[None]
-    scores = ops.where(candidate, scores, -1.0)  # (B or 1, nq, nk)
+    candidate = ops.logical_and(candidate[None], j[None] < used)  # (B or 1, nq, nk)
+    scores = block_scores(seed, ops.arange(nq, dtype="int32"), ops.arange(nk, dtype="int32"))
+    scores = ops.where(candidate, scores[None], -1)
+    # At least r columns, so that top_k is defined on short inputs.
+    scores = pad_axis(scores, 2, larger(nk, r), value=-1)
     best, chosen = ops.top_k(scores, r, sorted=True)
-    rand_ok = best >= 0.0
+    rand_ok = best >= 0
     chosen = ops.where(rand_ok, ops.cast(chosen, "int32"), 0)
     batch = ops.shape(chosen)[0]
     table = ops.concatenate(
@@ -301,8 +335,8 @@ def bigbird_attention(
     the queries of the ``g`` global blocks attend to every key.
 
     Args:
-        query: ``(B, T, H, d)``; ``T`` static.
-        key: ``(B, S, H, d)``; ``S`` static.
+        query: ``(B, T, H, d)``; ``T`` may be unknown while tracing.
+        key: ``(B, S, H, d)``; likewise ``S``.
         value: ``(B, S, H, dv)``.
         block_size: ``b``.
         window_blocks: ``w``, odd. Defaults to 3.
@@ -325,17 +359,12 @@ def bigbird_attention(
         raise ValueError("`fused=True` does not support attention dropout.")
     b, w, g, r, seed = check_arguments(block_size, window_blocks, global_blocks,
                                        random_blocks, seed)
-    T, S = length(query, 1), length(key, 1)
-    if not is_static(T, S):
-        raise ValueError(
-            "bigbird_attention needs static sequence lengths (its random "
-            f"blocks are drawn per number of blocks). Received: T={T}, S={S}"
-        )
+    T, S = length(query, 1), length(key, 1)  # tensors when unknown
     H, d = query.shape[2], query.shape[3]
     dv = value.shape[3]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    nq, nk = -(-T // b), -(-S // b)
+    nq, nk = ceil_div(T, b), ceil_div(S, b)
     batch = ops.shape(query)[0]
     km = None if key_mask is None else ops.cast(key_mask, "bool")
     table, valid = key_block_table(nq, nk, used_key_blocks(km, S, b), w, g, r, seed,
@@ -380,16 +409,17 @@ def bigbird_attention(
         out = ops.einsum("bnhqk,bnkhd->bnqhd", probs, vg)
     out = ops.reshape(out, (-1, nq * b, H, dv))[:, :T]
 
-    rows_g = min(T, g * b)
-    if rows_g == 0:
+    if g == 0 or (is_static(T) and T == 0):
         return out
     # The global rows: the queries of the first g blocks against every key.
-    visible = ops.ones((1, 1, rows_g, S), dtype="bool")
+    rows_g = smaller(T, g * b)
+    visible = ops.ones((1, 1, 1, 1), dtype="bool")
     if km is not None:
         visible = ops.logical_and(visible, km[:, None, None, :])
     if causal:
-        tril = np.tril(np.ones((rows_g, S), bool))
-        visible = ops.logical_and(visible, ops.convert_to_tensor(tril)[None, None])
+        lower = (ops.arange(rows_g, dtype="int32")[:, None]
+                 >= ops.arange(S, dtype="int32")[None, :])
+        visible = ops.logical_and(visible, lower[None, None])
     if fused:
         top = fused_dot_product_attention(query[:, :rows_g], key, value,
                                           mask=visible, scale=scale)

@@ -410,18 +410,20 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert sorted(path.suffix for path in tmp_path.glob("bench-*")) == [".csv", ".json"]
 
 
-@pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing", "longformer"])
+@pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing", "longformer",
+                                   "bigbird"])
 @pytest.mark.parametrize("scope", ["layer", "attention"])
 def test_worker_new_layers_and_scopes_in_process(layer, scope):
-    """The registry's sparse, routing and longformer entries run in both
-    scopes."""
+    """The registry's sparse, routing, longformer and bigbird entries run in
+    both scopes."""
     result = worker.run_config({"backend": BACKEND, "layer": layer, "mode": "fwdbwd",
                                 "seq_len": 64, "num_heads": 2, "head_dim": 8,
                                 "repeats": 1, "scope": scope, "options": {}})
     assert result["status"] == "ok", result.get("traceback")
     assert result["median_ms"] > 0
     expected = {"sparse-strided": "SparseAttention", "sparse-fixed": "SparseAttention",
-                "routing": "RoutingAttention", "longformer": "LongformerAttention"}[layer]
+                "routing": "RoutingAttention", "longformer": "LongformerAttention",
+                "bigbird": "BigBirdAttention"}[layer]
     assert result["layer_class"].endswith(expected)
 
 

@@ -70,6 +70,22 @@ def _pair(implementation="blocked", **overrides):
     return layer, ref
 
 
+def _score(seed, i, j):
+    """The documented hash of ops.bigbird.block_scores, in Python ints
+    wrapped to int32 (arithmetic shifts, as every backend computes them)."""
+    def wrap(v):
+        v &= 0xFFFFFFFF
+        return v - (1 << 32) if v >= 1 << 31 else v
+
+    h = wrap(seed * 0x9E3779B1) ^ wrap(i * 0x85EBCA77) ^ wrap(j * 0xC2B2AE3D)
+    h ^= h >> 16
+    h = wrap(h * 0x85EBCA6B)
+    h ^= h >> 13
+    h = wrap(h * 0xC2B2AE35)
+    h ^= h >> 16
+    return ((h & 0x3FFF) << 17) + j
+
+
 def _loop_pattern(T, S, b, w, g, r, seed, causal, used=None):
     """The specification as plain loops: which keys each query sees."""
     nq, nk = -(-T // b), -(-S // b)
@@ -83,7 +99,7 @@ def _loop_pattern(T, S, b, w, g, r, seed, causal, used=None):
         for j in range(nk):
             if j < g or abs(j - i) <= half:
                 blocks[i, j] = True
-        scores = np.random.default_rng([seed, i]).random(nk)
+        scores = [_score(seed, i, j) for j in range(nk)]
         candidates = [
             j for j in range(min(used, nk))
             if j >= g and (j < i - half if causal else abs(j - i) > half)

@@ -145,7 +145,7 @@ class TestBigBirdAttentionProperties(AttentionLayerProperties):
     layer_cls = BigBirdAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "block_size": 4, "global_blocks": 1,
                    "random_blocks": 2, "seed": 5}
-    # The random blocks are drawn per number of blocks: static lengths only.
-    supports_dynamic_length = False
-    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
+    # Lengths unknown while tracing: the random blocks are computed in the graph.
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_dynamic_length")
     property_examples = FEWER
