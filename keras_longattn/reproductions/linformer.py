@@ -17,6 +17,9 @@ the notebook's claims.
 * :func:`unmasked_linformer`, :func:`zero_projection_linformer`: planted
   bugs for the tests (padding not masked before the projection; ``E`` and
   ``F`` frozen at zero).
+* :func:`compare_with_linformer_package`: a same-run timing against the
+  public PyTorch ``linformer`` package, when it is importable (installs
+  nothing).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "PAPER_TABLE3",
     "MEMORY_BACKENDS",
     "linformer_claims",
+    "compare_with_linformer_package",
     "limit_probe",
     "padding_probe",
     "slot_rank_probe",
@@ -480,3 +484,66 @@ def table3_markdown(rows: Sequence[Mapping], metric: str = "speedup") -> str:
             cells.append(f"{_fmt(r[metric])} ({_fmt(paper) if paper else '—'})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ peer
+
+
+def compare_with_linformer_package(n=16384, k=256, num_heads=4, head_dim=64, repeats=5,
+                                   seed=0):
+    """Times :class:`~keras_longattn.layers.LinformerAttention` against
+    ``linformer.LinformerSelfAttention`` (the public PyTorch package), in
+    this process, forward and backward of the output's sum, B = 1.
+
+    Both share one ``E`` and one ``F`` between the heads (the package's
+    default, the layer's ``"headwise"``). The calls are interleaved, after
+    one untimed warm-up of each; eager PyTorch.
+
+    Returns:
+        None when the Keras backend is not torch or the package is not
+        importable (nothing is installed); else a dict with ``n``, ``k``,
+        ``package_ms`` and ``ours_ms`` (the medians), ``ratio`` (ours /
+        package time) and the per-call times.
+    """
+    import importlib.util
+    import statistics
+    import time
+
+    import keras
+
+    if keras.backend.backend() != "torch" or importlib.util.find_spec("linformer") is None:
+        return None
+    import torch
+    from linformer import LinformerSelfAttention
+
+    from keras_longattn.layers import LinformerAttention
+
+    dim = num_heads * head_dim
+    torch.manual_seed(seed)
+    keras.utils.set_random_seed(seed)
+    x = torch.randn(1, n, dim)
+    package = LinformerSelfAttention(dim=dim, seq_len=n, k=k, heads=num_heads,
+                                     dim_head=head_dim, one_kv_head=False, share_kv=False)
+    ours = LinformerAttention(num_heads=num_heads, key_dim=head_dim, k=k, max_length=n)
+    ours(x[:, :k], x[:, :k])
+
+    def run_package():
+        xx = x.clone().requires_grad_(True)
+        package(xx).sum().backward()
+
+    def run_ours():
+        xx = x.clone().requires_grad_(True)
+        ours(xx, xx).sum().backward()
+
+    run_package()
+    run_ours()
+    times = {"package": [], "ours": []}
+    for _ in range(int(repeats)):
+        for name, fn in (("package", run_package), ("ours", run_ours)):
+            tic = time.perf_counter()
+            fn()
+            times[name].append(1000.0 * (time.perf_counter() - tic))
+    package_ms, ours_ms = statistics.median(times["package"]), statistics.median(times["ours"])
+    return {"n": n, "k": k, "package_ms": package_ms, "ours_ms": ours_ms,
+            "ratio": ours_ms / package_ms, "package_calls_ms": times["package"],
+            "ours_calls_ms": times["ours"]}

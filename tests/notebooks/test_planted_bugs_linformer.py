@@ -214,3 +214,13 @@ def test_padding_probe_sees_the_padding():
     alone = keras.ops.convert_to_numpy(layer(x[:, :20], x[:, :20]))
     unmasked = keras.ops.convert_to_numpy(layer(x, x))[:, :20]
     assert np.max(np.abs(unmasked - alone)) > 1e-3
+
+
+def test_compare_with_linformer_package_runs_only_when_importable():
+    import importlib.util
+
+    result = lf.compare_with_linformer_package(n=64, k=8, repeats=1)
+    if keras.backend.backend() != "torch" or importlib.util.find_spec("linformer") is None:
+        assert result is None
+    else:
+        assert result["n"] == 64 and result["ratio"] > 0
