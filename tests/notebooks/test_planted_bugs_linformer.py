@@ -1,0 +1,226 @@
+"""Planted bugs for the Linformer notebook: its claim checks
+(``keras_longattn.reproductions.linformer.linformer_claims``) must fail on
+broken variants of the layer and pass on the real one.
+
+The probes run on tiny real layers (the limit ``k = n`` against
+FullAttention, a padded example against the example alone, the number of
+directions one head's outputs span). The accuracies and the benchmark grid
+that the other claims read are synthetic numbers shaped like the notebook's
+outputs, with the broken variant's arm replaced by what that bug produces
+(``E`` and ``F`` at zero: the Linformer arms score like the bag-of-tokens
+control; the layer swapped for dense attention: ratios near 1).
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+import keras
+
+from keras_longattn.layers import FullAttention, LinformerAttention
+from keras_longattn.reproductions import claims as cl
+from keras_longattn.reproductions import linformer as lf
+
+MARGINS = dict(probe_tolerance=1e-4, min_above_chance=10.0, control_margin=5.0,
+               parity_margin=3.0, min_speedup=5.0, min_memory_saving=10.0,
+               min_trend_factor=1.5, assert_trends=True)
+RANK_K = 3
+
+
+def _failed(claims):
+    return {c.name for c in claims if c.failed}
+
+
+def _linformer(cls=LinformerAttention, **kwargs):
+    keras.utils.set_random_seed(0)
+    return cls(**{"num_heads": 2, "key_dim": 8, "k": 8, "max_length": 32, **kwargs})
+
+
+class _UnscaledLinformer(LinformerAttention):
+    """Planted bug: the 1/sqrt(d) scale of the logits lost (the keys leave
+    the projection multiplied by sqrt(d))."""
+
+    def project_keys_values(self, key, value, key_mask=None):
+        k, v = super().project_keys_values(key, value, key_mask)
+        return k * float(self.key_dim) ** 0.5, v
+
+
+@functools.lru_cache(maxsize=None)
+def _probes(variant):
+    """(limit, padding, slot rank) measured on tiny real layers: the real
+    layer or a planted variant."""
+    limit_cls = _UnscaledLinformer if variant == "unscaled" else None
+    limit = lf.limit_probe(n=24, layer_cls=limit_cls)
+    if variant == "unmasked":
+        padding = lf.padding_probe(_linformer(lf.UnmaskedLinformer))
+    else:
+        padding = lf.padding_probe(_linformer())
+    keras.utils.set_random_seed(0)
+    if variant == "zero":
+        layer = lf.zero_projection_linformer(num_heads=1, key_dim=16, k=RANK_K,
+                                             max_length=32)
+    elif variant == "dense":
+        layer = FullAttention(num_heads=1, key_dim=16)
+    else:
+        layer = LinformerAttention(num_heads=1, key_dim=16, k=RANK_K, max_length=32)
+    keras.utils.set_random_seed(0)
+    full_rank = lf.slot_rank_probe(FullAttention(num_heads=1, key_dim=16))
+    return limit, padding, {"k": RANK_K, "linformer": lf.slot_rank_probe(layer),
+                            "full": full_rank}
+
+
+def _bench(speed=(1.3, 2.0, 3.5, 6.0), memory=(2.5, 5.0, 10.0, 20.0), k_drop=2.0):
+    """A grid shaped like the notebook's: full at 200 ms and 400 MiB at every n
+    (only the ratios matter), k = 128 at every n, k = 512 at the longest."""
+    lengths = (512, 1024, 2048, 4096)
+    bench = {}
+    for n, s, m in zip(lengths, speed, memory):
+        bench[n] = {"full": {"median_ms": 200.0, "peak_mib": 400.0},
+                    128: {"median_ms": 200.0 / s, "peak_mib": 400.0 / m}}
+    bench[4096][512] = {"median_ms": 200.0 / (speed[-1] / k_drop), "peak_mib": 80.0}
+    return lf.table3_rows(bench)
+
+
+def _results(probes, accuracy=None, table3=None, backend="jax"):
+    limit, padding, rank = probes
+    return {
+        "limit": limit, "padding": padding, "slot_rank": rank,
+        "accuracy": accuracy or {"full": [60.0, 62.0], "k64": [59.0, 61.0],
+                                 "k128": [60.0, 61.5], "bag": [30.0, 31.0]},
+        "control": "bag", "chance": 10.0, "task": "listops",
+        "table3": _bench() if table3 is None else table3, "backend": backend,
+    }
+
+
+def test_real_layer_passes():
+    limit, padding, rank = _probes("real")
+    assert limit < 1e-5 and padding < 1e-5
+    assert rank["linformer"] == RANK_K and rank["full"] > 2 * RANK_K
+    claims = lf.linformer_claims(_results(_probes("real")), MARGINS)
+    assert not _failed(claims)
+    cl.assert_claims(claims)
+    by_name = {c.name: c for c in claims}
+    assert by_name["parity_k64"].asserted and by_name["parity_k128"].asserted
+    assert by_name["speedup_grows_with_n_k128"].passed
+    assert by_name["memory_saving_grows_with_n_k128"].passed
+    assert by_name["speedup_shrinks_with_k"].passed
+    assert by_name["bench_longest"].passed
+
+
+def test_paper_table3_shape():
+    # The paper's own grid passes the trend checks it is quoted for.
+    bench = {n: {"full": {"median_ms": 100.0, "peak_mib": 100.0}} for n in lf.PAPER_TABLE3["time"]}
+    for n in bench:
+        for k, s in lf.PAPER_TABLE3["time"][n].items():
+            bench[n][k] = {"median_ms": 100.0 / s,
+                           "peak_mib": 100.0 / lf.PAPER_TABLE3["memory"][n][k]}
+    rows = lf.table3_rows(bench)
+    claims = {c.name: c for c in lf.linformer_claims(_results(_probes("real"), table3=rows),
+                                                     MARGINS)}
+    assert claims["speedup_grows_with_n_k128"].passed
+    assert claims["speedup_shrinks_with_k"].passed
+    assert claims["bench_longest"].passed
+
+
+def test_parity_not_asserted_when_seeds_do_not_separate():
+    accuracy = {"full": [50.0, 62.0], "k64": [59.0, 61.0], "k128": [60.0, 61.5],
+                "bag": [30.0, 31.0]}  # spread 12 > margin 3
+    claims = {c.name: c for c in lf.linformer_claims(
+        _results(_probes("real"), accuracy=accuracy), MARGINS)}
+    assert claims["parity_k64"].verdict == cl.NOT_TESTABLE
+    assert not claims["parity_k64"].asserted
+
+
+def test_planted_padding_not_masked_fails():
+    # Bug: the padded keys and values are projected with the real ones.
+    limit, padding, rank = _probes("unmasked")
+    assert padding > 1e-2
+    claims = lf.linformer_claims(_results((limit, padding, rank)), MARGINS)
+    assert _failed(claims) == {"padding_masked"}
+    with pytest.raises(cl.ClaimFailure):
+        cl.assert_claims(claims)
+
+
+def test_planted_lost_scale_fails_the_limit():
+    # Bug: the logits are no longer divided by sqrt(d).
+    limit, padding, rank = _probes("unscaled")
+    assert limit > 1e-2
+    claims = lf.linformer_claims(_results((limit, padding, rank)), MARGINS)
+    assert _failed(claims) == {"identity_limit"}
+
+
+def test_planted_zero_projection_fails():
+    # Bug: E and F frozen at zero: every slot is zero, the layer is blind,
+    # and a model built with it learns what the bag-of-tokens control learns.
+    probes = _probes("zero")
+    assert probes[2]["linformer"] == 0
+    accuracy = {"full": [60.0, 62.0], "k64": [30.0, 31.5], "k128": [30.5, 31.0],
+                "bag": [30.0, 31.0]}
+    claims = lf.linformer_claims(_results(probes, accuracy=accuracy), MARGINS)
+    assert {"slot_rank", "parity_k64", "parity_k128", "beats_control_k64",
+            "beats_control_k128"} <= _failed(claims)
+
+
+def test_planted_dense_swap_fails():
+    # Bug: the layer swapped for dense attention: more than k directions,
+    # and the benchmark's ratios stay near 1 at every n and k.
+    probes = _probes("dense")
+    assert probes[2]["linformer"] > RANK_K
+    flat = _bench(speed=(1.0, 1.05, 0.95, 1.0), memory=(1.0, 1.0, 1.02, 0.98), k_drop=1.0)
+    claims = lf.linformer_claims(_results(probes, table3=flat), MARGINS)
+    assert {"slot_rank", "bench_longest", "speedup_grows_with_n_k128",
+            "memory_saving_grows_with_n_k128", "speedup_shrinks_with_k"} <= _failed(claims)
+
+
+def test_planted_no_learning_fails():
+    # Bug: a model that does not learn (labels shuffled, attention output
+    # dropped): full attention at chance, no task check passes.
+    accuracy = {"full": [11.0, 12.0], "k64": [10.0, 11.0], "k128": [11.0, 10.5],
+                "bag": [10.5, 11.5]}
+    claims = lf.linformer_claims(_results(_probes("real"), accuracy=accuracy), MARGINS)
+    assert {"full_learns", "task_needs_attention"} <= _failed(claims)
+
+
+def test_memory_claims_not_testable_on_torch():
+    claims = {c.name: c for c in lf.linformer_claims(
+        _results(_probes("real"), backend="torch"), MARGINS)}
+    memory = claims["memory_saving_grows_with_n_k128"]
+    assert memory.verdict == cl.NOT_TESTABLE and not memory.asserted
+    assert "smaller in peak memory" not in claims["bench_longest"].statement
+
+
+def test_table3_rows_and_markdown():
+    rows = _bench()
+    assert [(r["n"], r["k"]) for r in rows] == [(512, 128), (1024, 128), (2048, 128),
+                                                (4096, 128), (4096, 512)]
+    assert rows[0]["paper_speedup"] == 1.5 and rows[-1]["paper_memory_saving"] == 8.3
+    text = lf.table3_markdown(rows, "speedup")
+    assert "| 512 | 1.3x (1.5x) | — |" in text
+    # JSON keys (strings) give the same rows.
+    as_json = {str(n): {str(k): v for k, v in row.items()}
+               for n, row in {512: {"full": {"median_ms": 2.0, "peak_mib": 4.0},
+                                    128: {"median_ms": 1.0, "peak_mib": None}}}.items()}
+    (row,) = lf.table3_rows(as_json)
+    assert row["speedup"] == 2.0 and row["memory_saving"] is None
+
+
+def test_padding_probe_sees_the_padding():
+    # The probe has teeth: without the mask the padded values reach the
+    # real positions (the same real layer, called without a mask).
+    layer = _linformer()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 32, 16)).astype("float32")
+    alone = keras.ops.convert_to_numpy(layer(x[:, :20], x[:, :20]))
+    unmasked = keras.ops.convert_to_numpy(layer(x, x))[:, :20]
+    assert np.max(np.abs(unmasked - alone)) > 1e-3
+
+
+def test_compare_with_linformer_package_runs_only_when_importable():
+    import importlib.util
+
+    result = lf.compare_with_linformer_package(n=64, k=8, repeats=1)
+    if keras.backend.backend() != "torch" or importlib.util.find_spec("linformer") is None:
+        assert result is None
+    else:
+        assert result["n"] == 64 and result["ratio"] > 0
