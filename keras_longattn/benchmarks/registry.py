@@ -156,7 +156,9 @@ def get_spec(name: str) -> LayerSpec:
 #: k = 256 slots (the paper's Table 3) with ``max_length`` the benchmark's
 #: length; ``synthesizer`` the paper's best translation mixture, random +
 #: vanilla, with tables of the benchmark's length; ``bigbird`` the paper's
-#: blocks of 64 with 3 window, 2 global and 3 random blocks (seed 0).
+#: blocks of 64 with 3 window, 2 global and 3 random blocks (seed 0);
+#: ``nystrom`` the paper's 64 landmarks; ``lsh`` the Reformer's buckets of
+#: 64 with 4 hashing rounds.
 _BUILTIN = (
     ("full", {"class_name": "FullAttention", "config": {}},
      "keras_longattn FullAttention (exact; the ratio baseline)"),
@@ -194,6 +196,13 @@ _BUILTIN = (
                  "random_blocks": 3, "seed": 0}},
      "keras_longattn BigBirdAttention, blocks of 64: 3 window, 2 global and "
      "3 random blocks per query block"),
+    ("nystrom", {"class_name": "NystromAttention", "config": {"num_landmarks": 64}},
+     "keras_longattn NystromAttention, 64 landmarks (the paper's), 6 pseudo-inverse "
+     "iterations, bidirectional only"),
+    ("lsh",
+     {"class_name": "LSHAttention",
+      "config": {"bucket_size": 64, "num_hashes": 4, "hash_seed": 0}},
+     "keras_longattn LSHAttention, buckets of 64, 4 hashing rounds (seed 0)"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )

@@ -312,7 +312,10 @@ def _tensorflow_step(layer, x_np, config):
                 tape.watch(x)
                 out = layer(x, x, use_causal_mask=causal, training=True)
                 loss = tf.reduce_mean(tf.cast(out, tf.float32))
-            return tape.gradient(loss, [x] + variables)
+            grads = tape.gradient(loss, [x] + variables)
+            # A weight outside the graph (LSHAttention's key projection)
+            # has no gradient: None, which a tf.function cannot return.
+            return [g for g in grads if g is not None]
 
     sync_devices = getattr(getattr(tf, "experimental", None), "sync_devices", None)
 
@@ -366,7 +369,10 @@ def _torch_step(layer, x_np, config):
         def step():
             out = layer(xg, xg, use_causal_mask=causal, training=True)
             loss = out.float().mean()
-            torch.autograd.grad(loss, [xg] + params)
+            # allow_unused: a layer may leave a weight out of its graph
+            # (LSHAttention's keys are its normalised queries: no key
+            # projection), as jax.grad and tf.GradientTape allow.
+            torch.autograd.grad(loss, [xg] + params, allow_unused=True)
             sync()
 
     device_memory = None

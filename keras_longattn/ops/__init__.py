@@ -28,8 +28,11 @@
   :mod:`~keras_longattn.ops.routing` (balanced cluster attention),
   :mod:`~keras_longattn.ops.adamra` (compression rates, the router) and
   :mod:`~keras_longattn.ops.longformer` (window convention, per-head
-  dilation, global slots) and :mod:`~keras_longattn.ops.bigbird` (window,
-  global and random blocks).
+  dilation, global slots), :mod:`~keras_longattn.ops.bigbird` (window,
+  global and random blocks), :mod:`~keras_longattn.ops.nystrom`
+  (landmarks and the iterative pseudo-inverse) and
+  :mod:`~keras_longattn.ops.lsh` (angular LSH, the combination of hashing
+  rounds).
 
 Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
 
@@ -43,6 +46,8 @@ from keras_longattn.ops import chunked
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import longformer
+from keras_longattn.ops import lsh
+from keras_longattn.ops import nystrom
 from keras_longattn.ops import routing
 from keras_longattn.ops import segments
 from keras_longattn.ops import shapes

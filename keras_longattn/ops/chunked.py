@@ -30,6 +30,8 @@ from keras_longattn.kernels import compiled
 from keras_longattn.ops.blocked import block_attention
 from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.patterns import exclude_self_unless_alone
+from keras_longattn.ops.reference import MASKED_LOGIT
+from keras_longattn.ops.reference import softmax_with_lse
 from keras_longattn.ops.segments import flat_token_ids
 from keras_longattn.ops.segments import gather_tokens
 from keras_longattn.ops.segments import row_bincount
@@ -109,7 +111,10 @@ def sorted_chunk_layout(item_buckets, item_keys, num_buckets, window):
     }
 
 
-@compiled(("num_buckets", "window", "shared", "scale", "dropout_fn", "fused"))
+@compiled(
+    ("num_buckets", "window", "shared", "scale", "dropout_fn", "fused", "causal",
+     "return_lse")
+)
 def sorted_chunk_attention(
     query,
     key,
@@ -122,6 +127,8 @@ def sorted_chunk_attention(
     scale=None,
     dropout_fn=None,
     fused=False,
+    causal=True,
+    return_lse=False,
 ):
     """Strictly causal attention inside buckets, in sorted chunks (see the
     module docstring).
@@ -157,12 +164,23 @@ def sorted_chunk_attention(
         fused: compute the chunks with ``keras.ops.dot_product_attention``
             (each chunk one batch item of the fused kernel). Not with
             ``dropout_fn``.
+        causal: when False, a query sees every key of its own chunk and of
+            the previous chunk of its bucket, whatever their positions (the
+            bidirectional mode of LSH attention); the self rule of
+            ``shared`` still applies.
+        return_lse: also return, per query, the float32 log-sum-exp of its
+            logits over the keys it sees (``MASKED_LOGIT`` where it sees
+            none) and whether it sees a key other than itself (to combine
+            several hashing rounds). Not with ``fused``.
 
     Returns:
-        ``(B, T, H, dv)``.
+        ``(B, T, H, dv)``; with ``return_lse`` also float32 ``(B, H, T)``
+        and boolean ``(B, H, T)``.
     """
     if fused and dropout_fn is not None:
         raise ValueError("`fused=True` does not support attention dropout.")
+    if fused and return_lse:
+        raise ValueError("`fused=True` cannot return the log-sum-exp.")
     T, S = length(query, 1), length(key, 1)
     H = query.shape[2]
     if scale is None:
@@ -239,8 +257,11 @@ def sorted_chunk_attention(
         ),
     )
     # Own half: earlier slots (and the slot itself when shared: a token is
-    # both query and key; see the self rule below).
+    # both query and key; see the self rule below); every slot when not
+    # causal.
     own = np.tril(np.ones((w, w), bool), k=0 if shared else -1)
+    if not causal:
+        own = np.ones((w, w), bool)
     band = np.concatenate([np.ones((w, w), bool), own], axis=1)  # (w, 2w)
     is_self = None
     if shared:
@@ -256,11 +277,44 @@ def sorted_chunk_attention(
     kb = context(gather_tokens(key, k_rows))
     vb = context(gather_tokens(value, k_rows))
     mask = _chunk_mask(col_ok[..., None, :], band, is_self)
+    if return_lse:
+        return _chunks_with_lse(
+            qb, kb, vb, mask, col_ok, band, is_self, slot, placed, scale, dropout_fn
+        )
     out, _ = block_attention(qb, kb, vb, mask, scale, dropout_fn)
     out = ops.reshape(out, (-1, H, L, out.shape[-1]))
     out = ops.take_along_axis(out, slot[..., None], axis=2)  # (B, H, T, dv)
     out = ops.where(placed[..., None], out, ops.zeros_like(out))
     return ops.transpose(out, (0, 2, 1, 3))
+
+
+def _chunks_with_lse(qb, kb, vb, mask, col_ok, band, is_self, slot, placed, scale,
+                     dropout_fn):
+    """The chunks of :func:`sorted_chunk_attention` with explicit einsums,
+    returning each query's output ``(B, T, H, dv)``, the log-sum-exp of its
+    logits ``(B, H, T)`` and whether it sees a key other than itself
+    ``(B, H, T)``."""
+    H, G, w = qb.shape[1], length(qb, 2), qb.shape[3]
+    L = G * w
+    qs = ops.multiply(qb, ops.cast(scale, qb.dtype))
+    scores = ops.einsum("bhgqd,bhgkd->bhgqk", qs, kb)  # (B, H, G, w, 2w)
+    probs, lse = softmax_with_lse(scores, mask)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    out = ops.einsum("bhgqk,bhgkd->bhgqd", probs, vb)
+    seen = ops.logical_and(ops.convert_to_tensor(band), col_ok[..., None, :])
+    if is_self is not None:
+        seen = ops.logical_and(seen, ops.logical_not(ops.convert_to_tensor(is_self)))
+    other = ops.any(seen, axis=-1)  # (B, H, G, w)
+
+    out = ops.reshape(out, (-1, H, L, out.shape[-1]))
+    out = ops.take_along_axis(out, slot[..., None], axis=2)  # (B, H, T, dv)
+    out = ops.where(placed[..., None], out, ops.zeros_like(out))
+    lse = ops.take_along_axis(ops.reshape(lse, (-1, H, L)), slot, axis=2)
+    lse = ops.where(placed, lse, MASKED_LOGIT)
+    other = ops.take_along_axis(ops.reshape(other, (-1, H, L)), slot, axis=2)
+    other = ops.logical_and(other, placed)
+    return ops.transpose(out, (0, 2, 1, 3)), lse, other
 
 
 def _chunk_mask(cols, band, is_self):
@@ -372,10 +426,13 @@ def _sorted_chunks_fused(
     return ops.where(keep, out, ops.zeros_like(out))
 
 
-@compiled(("num_buckets", "window", "shared"))
-def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=False):
+@compiled(("num_buckets", "window", "shared", "causal"))
+def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=False,
+                      causal=True):
     """Dense boolean ``(B, H, T, S)`` mask of :func:`sorted_chunk_attention`
-    (without the self rule of ``shared``), from ranks counted densely.
+    (without the self rule of ``shared``), from ranks counted densely;
+    ``causal=False``: the keys of the query's own and previous chunk
+    whatever their positions.
 
     O(T * S): for the reference path and tests.
     """
@@ -414,7 +471,14 @@ def sorted_chunk_mask(query_buckets, key_buckets, num_buckets, window, shared=Fa
         ops.equal(cq[..., :, None], ck[..., None, :]),
         ops.less(cq, k)[..., :, None],
     )
-    mask = ops.logical_and(mask, ops.less_equal(s_pos[None, :], t_pos[:, None])[None, None])
+    if causal:
+        mask = ops.logical_and(
+            mask, ops.less_equal(s_pos[None, :], t_pos[:, None])[None, None]
+        )
+    else:
+        mask = ops.logical_and(
+            mask, ops.less_equal(chunk_k[..., None, :], chunk_q[..., :, None])
+        )
     mask = ops.logical_and(
         mask, ops.greater_equal(chunk_k[..., None, :], chunk_q[..., :, None] - 1)
     )

@@ -13,6 +13,8 @@ from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import LongformerAttention
+from keras_longattn.layers import LSHAttention
+from keras_longattn.layers import NystromAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.layers import SynthesizerAttention
@@ -148,4 +150,48 @@ class TestBigBirdAttentionProperties(AttentionLayerProperties):
     # Lengths unknown while tracing: the random blocks are computed in the graph.
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_dynamic_length")
+    property_examples = FEWER
+
+
+class TestNystromProperties(AttentionLayerProperties):
+    """Eight landmarks; lengths below 8 use one landmark per token. The
+    efficient path is checked against the explicit form of the same
+    approximation (not against softmax attention)."""
+
+    layer_cls = NystromAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "num_landmarks": 8}
+    supports_causal = False
+    # Right to left (F (A^+ (B V))) against the explicit (T, S) matrix: the
+    # pseudo-inverse amplifies float32 rounding a little.
+    reference_rtol = 1e-4
+    invariance_rtol = 1e-4
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_batch_composition", "test_prop_dynamic_length")
+    property_examples = FEWER
+
+
+class TestLSHAttentionProperties(AttentionLayerProperties):
+    """Buckets of 4 on average derived from each example's length, two
+    rounds (self-attention only: shared queries and keys). The number of
+    buckets is derived from the length, so a length unknown while tracing
+    needs num_buckets (the fixed-bucket class below)."""
+
+    layer_cls = LSHAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "bucket_size": 4, "num_hashes": 2,
+                   "hash_seed": 1}
+    supports_cross_attention = False
+    supports_dynamic_length = False
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_batch_composition")
+    property_examples = FEWER
+
+
+class TestLSHAttentionFixedBucketsProperties(AttentionLayerProperties):
+    """A fixed number of buckets: any length, also unknown while tracing."""
+
+    layer_cls = LSHAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "bucket_size": 4, "num_hashes": 2,
+                   "num_buckets": 6, "hash_seed": 2}
+    supports_cross_attention = False
+    ci_properties = ("test_prop_matches_reference", "test_prop_dynamic_length")
     property_examples = FEWER

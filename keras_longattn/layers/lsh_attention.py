@@ -1,0 +1,319 @@
+"""LSH attention (Reformer, Kitaev et al. 2020): shared queries and keys
+hashed by random rotations, exact attention inside sorted chunks of each
+bucket, several hashing rounds combined by their log-sum-exps."""
+
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_longattn import ops as la_ops
+from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import is_training
+from keras_longattn.ops import lsh as lsh_ops
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class LSHAttention(BaseAttention):
+    """LSH attention (Reformer): each token attends to the tokens hashed to
+    its bucket, in sorted chunks; O(n * bucket_size) per hashing round.
+
+    **Shared queries and keys.** The key of a token is its query divided by
+    its norm (the key projection is not used), so a query and its own key
+    always share a bucket; a token does not attend to itself unless it has
+    no other key to attend to. Self-attention only (``T == S``).
+
+    **Hashing.** Round ``r`` draws a random rotation ``R_r`` ``(key_dim,
+    c)`` per head; a token's bucket is ``argmax([x R_r, -x R_r])`` of its
+    query ``x``, one of ``2c`` buckets. The number of buckets of an example
+    is ``num_buckets``, or when None ``2 * ceil(n_real / (2 *
+    bucket_size))`` of its real length (padding excluded), so that buckets
+    hold ``bucket_size`` tokens on average and an example's buckets do not
+    depend on the padding of its batch (its rotation is the leading ``c``
+    columns of one seeded draw).
+
+    **Attention.** Per round, tokens are sorted by (bucket, position) and
+    cut into chunks of ``bucket_size`` members aligned per bucket; a token
+    attends to the keys of its own and of the previous chunk of its bucket
+    (causal: only those not after it). The ``num_hashes`` rounds are
+    combined as in the paper, by the log-sum-exp of each round's logits:
+    one softmax over the union of the rounds, a key counting once per round
+    that shows it. Exact attention under this data-dependent pattern: the
+    ``"reference"`` path is dense attention under the same buckets and
+    chunks (the same rotations), as a ``(T, S)`` mask per round.
+
+    **Random rotations.** Drawn with NumPy from ``hash_seed`` (fixed per
+    layer, stored in the config, so a saved model hashes the same way).
+    With ``redraw_in_training=True`` (default), calls with
+    ``training=True`` draw fresh rotations every call instead (the
+    Reformer's training), from a seed generator seeded by ``hash_seed``.
+
+    **Cost.** ``"hashed"``: hashing O(R * n * c * d) (``c ~ n / (2 *
+    bucket_size)`` when derived), two sorts of ``n`` per round and head,
+    and ``bucket_size x 2 bucket_size`` score blocks over a buffer of at
+    most ``n + 2c * bucket_size`` slots: time and memory
+    O(R * n * bucket_size) for the attention, no ``n x n`` tensor. All
+    rounds run as one batch of ``R * H`` heads.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value. Defaults to ``key_dim``.
+        bucket_size: members per chunk, the average bucket size when the
+            number of buckets is derived. Defaults to 64 (the paper's).
+        num_hashes: hashing rounds R. Defaults to 4.
+        num_buckets: an even number of buckets (>= 2) for every length, or
+            None to derive it from each example's real length (see above).
+            Needed when the sequence length is unknown while tracing.
+            Defaults to None.
+        hash_seed: non-negative int, the seed of the rotations. Defaults to
+            None: drawn once at construction and stored.
+        redraw_in_training: draw fresh rotations in every call with
+            ``training=True``. Defaults to True.
+        **kwargs: the arguments of :class:`BaseAttention` (those of
+            ``keras.layers.MultiHeadAttention``, and ``implementation``:
+            ``"auto"``, ``"hashed"`` or ``"reference"``). ``dropout``
+            applies to each round's weights.
+
+    Call arguments:
+        As ``keras.layers.MultiHeadAttention``, self-attention lengths:
+        ``query`` ``(B, n, dim)``, ``value`` ``(B, n, dim)``, ``key``
+        (unused by the attention: keys are the normalised queries),
+        ``query_mask``/``value_mask``/``key_mask`` ``(B, n)`` (a token
+        padded in any of them takes no part), ``use_causal_mask``,
+        ``training``, ``return_attention_scores`` (dense ``(B, H, n, n)``
+        weights from the reference path). A dense ``attention_mask`` only
+        with ``implementation="reference"``.
+
+    Returns:
+        ``(B, n, output_dim)`` (and the weights if requested). Padded
+        tokens get a zero attention output.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_longattn
+    >>> layer = keras_longattn.layers.LSHAttention(
+    ...     num_heads=2, key_dim=8, bucket_size=8, num_hashes=2, hash_seed=0)
+    >>> x = np.random.rand(2, 100, 16).astype("float32")
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
+    (2, 100, 16)
+    >>> layer.last_implementation
+    'hashed'
+    >>> tuple(layer.buckets(x).shape)  # (B, num_hashes * num_heads, n)
+    (2, 4, 100)
+
+    Reference:
+        Kitaev, Kaiser and Levskaya, "Reformer: The Efficient Transformer",
+        ICLR 2020 (arXiv:2001.04451).
+    """
+
+    supports_attention_mask = False
+    reference_tolerance = 1e-5
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        *,
+        bucket_size=64,
+        num_hashes=4,
+        num_buckets=None,
+        hash_seed=None,
+        redraw_in_training=True,
+        **kwargs,
+    ):
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
+        self.bucket_size = _positive_int("bucket_size", bucket_size)
+        self.num_hashes = _positive_int("num_hashes", num_hashes)
+        if num_buckets is not None and (
+            isinstance(num_buckets, bool)
+            or not isinstance(num_buckets, numbers.Integral)
+            or num_buckets < 2
+            or num_buckets % 2
+        ):
+            raise ValueError(
+                "`num_buckets` must be an even integer >= 2 (argmax over "
+                "[xR, -xR] makes buckets in pairs) or None. "
+                f"Received: num_buckets={num_buckets!r}"
+            )
+        self.num_buckets = None if num_buckets is None else int(num_buckets)
+        if hash_seed is None:
+            hash_seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31))
+        if (
+            isinstance(hash_seed, bool)
+            or not isinstance(hash_seed, numbers.Integral)
+            or hash_seed < 0
+        ):
+            raise ValueError(
+                "`hash_seed` must be a non-negative integer or None. "
+                f"Received: hash_seed={hash_seed!r}"
+            )
+        self.hash_seed = int(hash_seed)
+        if not isinstance(redraw_in_training, bool):
+            raise ValueError(
+                "`redraw_in_training` must be a bool. "
+                f"Received: redraw_in_training={redraw_in_training!r}"
+            )
+        self.redraw_in_training = redraw_in_training
+        self._hash_generator = keras.random.SeedGenerator(self.hash_seed)
+        self._fixed_rotations = {}
+
+    # -------------------------------------------------------------- hashing
+    def _columns(self, length):
+        if self.num_buckets is None and not isinstance(length, int):
+            raise ValueError(
+                "LSHAttention derives its number of buckets from the sequence "
+                "length, which is unknown while tracing this call. Pass "
+                "num_buckets=... (an even number, about n / bucket_size for "
+                "the longest n). Received: num_buckets=None"
+            )
+        return lsh_ops.rotation_columns(length, self.bucket_size, self.num_buckets)
+
+    def rotations(self, columns, training=False):
+        """The ``(num_hashes, columns, num_heads, key_dim)`` float32 random
+        rotations of a call: fixed (NumPy, from ``hash_seed``; the first
+        ``c`` columns are the same for any ``columns >= c``), or fresh ones
+        in training with ``redraw_in_training``."""
+        shape = (self.num_hashes, int(columns), self.num_heads, self.key_dim)
+        if self.redraw_in_training and is_training(training):
+            return keras.random.normal(shape, seed=self._hash_generator, dtype="float32")
+        fixed = self._fixed_rotations.get(int(columns))
+        if fixed is None:
+            rounds = [
+                np.random.default_rng([self.hash_seed, r]).standard_normal(shape[1:])
+                for r in range(self.num_hashes)
+            ]
+            fixed = np.stack(rounds).astype("float32")
+            self._fixed_rotations[int(columns)] = fixed
+        return ops.convert_to_tensor(fixed)
+
+    def _valid_tokens(self, context):
+        return la_ops.combine_dense_masks(
+            context.padding.query_mask, context.padding.key_mask
+        )
+
+    def _hash(self, query, context):
+        """``(buckets, num_buckets, valid)`` of a call: int32
+        ``(B, num_hashes * H, n)``, the static bucket count and the boolean
+        ``(B, n)`` tokens that take part (or None)."""
+        n = context.query_length
+        c = self._columns(n)
+        valid = self._valid_tokens(context)
+        if valid is None:
+            real = ops.full((ops.shape(query)[0],), n, dtype="int32")
+        else:
+            real = ops.sum(ops.cast(ops.cast(valid, "bool"), "int32"), axis=1)
+        columns = lsh_ops.example_columns(real, self.bucket_size, self.num_buckets, c)
+        rot = self.rotations(c, context.training)
+        return lsh_ops.hash_buckets(query, rot, columns, valid), 2 * c, valid
+
+    def buckets(self, query, query_mask=None, training=False):
+        """The buckets the layer's attention uses for inputs ``query``
+        ``(B, n, dim)`` (the layer must be built, or is built here): int32
+        ``(B, num_hashes * num_heads, n)``, round-major (round ``r``, head
+        ``h`` is row ``r * num_heads + h``); ``2 * c`` for padded tokens."""
+        if not self.built:
+            self.build(tuple(query.shape), tuple(query.shape))
+        q = self._query_dense(query)
+        if self.rotary_max_wavelength is not None:
+            q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
+        n = la_ops.length(q, 1)
+        mask = None if query_mask is None else ops.cast(query_mask, "bool")
+        context = self._context(n, mask, training)
+        return self._hash(self._zero_padding(q, mask), context)[0]
+
+    def _context(self, n, mask, training):
+        from keras_longattn.layers.base_attention import AttentionContext
+
+        return AttentionContext(
+            padding=la_ops.PaddingMask(mask, None),
+            causal=False,
+            training=training,
+            query_length=n,
+            key_length=n,
+        )
+
+    @staticmethod
+    def _zero_padding(query, valid):
+        """Queries of padded tokens as exact zeros (their keys are the
+        normalised queries: a NaN there must not reach a real token)."""
+        if valid is None:
+            return query
+        keep = ops.cast(valid, "bool")[:, :, None, None]
+        return ops.where(keep, query, ops.zeros_like(query))
+
+    # -------------------------------------------------------------- checks
+    def _dispatch(self, q, k, v, context):
+        T, S = context.query_length, context.key_length
+        if la_ops.shapes.is_static(T, S) and T != S:
+            raise ValueError(
+                "LSHAttention shares queries and keys (each key is its "
+                "normalised query), so it needs self-attention lengths. "
+                f"Received: query length {T}, key length {S}"
+            )
+        return super()._dispatch(q, k, v, context)
+
+    # ------------------------------------------------------- efficient path
+    @implementation("hashed")
+    def _hashed(self, query, key, value, context):
+        """Sorted chunks of all rounds as one batch of heads, combined by
+        their log-sum-exps."""
+        query = self._zero_padding(query, self._valid_tokens(context))
+        buckets, k, _ = self._hash(query, context)
+        return lsh_ops.lsh_attention(
+            query,
+            value,
+            buckets,
+            k,
+            self.bucket_size,
+            causal=context.causal,
+            scale=self._inverse_sqrt_key_dim,
+            dropout_fn=self._dropout_fn(context.training),
+        )
+
+    # ------------------------------------------------------------ reference
+    def _attention_reference(self, query, key, value, context):
+        """Dense attention under the same buckets and chunks (see
+        :func:`keras_longattn.ops.lsh.lsh_weights`)."""
+        query = self._zero_padding(query, self._valid_tokens(context))
+        buckets, k, _ = self._hash(query, context)
+        extra = None
+        if context.attention_mask is not None:
+            extra = ops.cast(context.attention_mask, "bool")[:, None]
+        weights = lsh_ops.lsh_weights(
+            query,
+            buckets,
+            k,
+            self.bucket_size,
+            causal=context.causal,
+            scale=self._inverse_sqrt_key_dim,
+            extra_mask=extra,
+        )
+        weights = ops.cast(weights, value.dtype)
+        probs = weights
+        dropout_fn = self._dropout_fn(context.training)
+        if dropout_fn is not None:
+            probs = dropout_fn(probs)
+        out = ops.einsum("bhts,bshd->bthd", probs, value)
+        if context.return_scores:
+            return out, weights
+        return out
+
+    # ---------------------------------------------------------------- config
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "bucket_size": self.bucket_size,
+                "num_hashes": self.num_hashes,
+                "num_buckets": self.num_buckets,
+                "hash_seed": self.hash_seed,
+                "redraw_in_training": self.redraw_in_training,
+            }
+        )
+        return config
