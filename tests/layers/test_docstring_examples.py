@@ -15,6 +15,7 @@ MODULES = [
     "keras_longattn.layers.base_attention",
     "keras_longattn.layers.linformer_attention",
     "keras_longattn.layers.synthesizer_attention",
+    "keras_longattn.layers.linear_attention",
     "keras_longattn.ops.patterns",
     "keras_longattn.ops.blocked",
     "keras_longattn.ops.reference",

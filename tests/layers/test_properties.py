@@ -9,6 +9,7 @@ pin each one down).
 import keras
 
 from keras_longattn.layers import FullAttention
+from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import BigBirdAttention
@@ -149,3 +150,16 @@ class TestBigBirdAttentionProperties(AttentionLayerProperties):
     supports_dynamic_length = False
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
     property_examples = FEWER
+
+
+class TestLinearAttentionProperties(AttentionLayerProperties):
+    """elu + 1 features, chunks of 5 (causal calls cross chunk borders;
+    cross-attention with T != S included). No full-attention limit: the
+    reference is the explicit quadratic form of the same features."""
+
+    layer_cls = LinearAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "chunk_size": 5}
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_large_inputs_finite", "test_prop_dynamic_length")
+    property_examples = FEWER
+
