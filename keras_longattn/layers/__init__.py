@@ -16,3 +16,4 @@ from keras_longattn.layers.synthesizer_attention import SynthesizerAttention
 from keras_longattn.layers.longformer_attention import LongformerAttention
 from keras_longattn.layers.bigbird_attention import BigBirdAttention
 from keras_longattn.layers.linear_attention import LinearAttention
+from keras_longattn.layers.performer_attention import PerformerAttention
