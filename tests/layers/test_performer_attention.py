@@ -304,6 +304,17 @@ def test_redraw_state_survives_a_keras_file(tmp_path):
                            to_np(layer.random_features.draw(1)))
 
 
+def _draw_compiled(state, index):
+    """Draw ``index`` as a compiled training step makes it: TensorFlow's
+    stateless random ops give other numbers under XLA than eagerly (both
+    valid draws, each reproducible), so there it is drawn under XLA too."""
+    if BACKEND != "tensorflow":
+        return to_np(state.draw(index))
+    import tensorflow as tf
+
+    return tf.function(lambda: state.draw(index), jit_compile=True)().numpy()
+
+
 def test_redraw_inside_compiled_fit():
     """In model.fit (compiled on JAX and TensorFlow) every step is a
     training call: 5 steps with interval 2 count 5 and leave draw 2 (of
@@ -317,7 +328,8 @@ def test_redraw_inside_compiled_fit():
     assert np.all(np.isfinite(history.history["loss"]))
     state = layer.random_features
     assert int(to_np(state.step)) == 5
-    np.testing.assert_allclose(to_np(state.features), to_np(state.draw(2)), rtol=1e-5)
+    np.testing.assert_allclose(to_np(state.features), _draw_compiled(state, 2),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_seeded():
