@@ -132,12 +132,22 @@ def kernel_attention(
     kf = ops.cast(key_features, "float32")
     v = ops.cast(value, "float32")
     kf, v = _masked_keys(kf, v, key_mask)
-    summary = ops.einsum("bshf,bshv->bhfv", kf, v)  # (B, H, F, dv)
-    total = ops.sum(kf, axis=1)  # (B, H, F)
-    num = ops.einsum("bthf,bhfv->bthv", qf, summary)
-    den = ops.einsum("bthf,bhf->bth", qf, total)
-    out = num / safe_denominator(den, epsilon)[..., None]
-    return ops.cast(out, dtype)
+    dv = v.shape[-1]
+    # Head-major matmuls; a column of ones appended to the values carries
+    # the normaliser through the same products.
+    q = ops.transpose(qf, (0, 2, 1, 3))  # (B, H, T, F)
+    k = ops.transpose(kf, (0, 2, 3, 1))  # (B, H, F, S)
+    v1 = ops.transpose(_with_ones(v), (0, 2, 1, 3))  # (B, H, S, dv + 1)
+    summary = ops.matmul(k, v1)  # (B, H, F, dv + 1)
+    out = ops.matmul(q, summary)  # (B, H, T, dv + 1)
+    out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
+    return ops.cast(ops.transpose(out, (0, 2, 1, 3)), dtype)
+
+
+def _with_ones(v):
+    """``v`` with a last column of ones: ``w @ [v, 1]`` gives the weighted
+    sum and the sum of the weights in one product."""
+    return ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)
 
 
 def normalized_kernel_weights(similarity, mask=None, epsilon=DEFAULT_EPSILON):
@@ -252,33 +262,28 @@ def causal_kernel_attention(
     C = min(chunk_size, L) if is_static(L) else chunk_size
     N = ceil_div(L, C)
     padded = N * C
-    # Padded keys have zero features and values: they add nothing.
-    qf = pad_axis(qf, 1, padded)
-    kf = pad_axis(kf, 1, padded)
-    v = pad_axis(v, 1, padded)
-    q = ops.reshape(qf, (B, N, C, H, F))
-    k = ops.reshape(kf, (B, N, C, H, F))
-    v = ops.reshape(v, (B, N, C, H, dv))
+    # Head-major chunks; the ones column of the values carries the
+    # normaliser through every product. Padded keys have zero features:
+    # they add nothing.
+    def chunks(x):
+        x = ops.transpose(pad_axis(x, 1, padded), (0, 2, 1, 3))
+        return ops.reshape(x, (B, H, N, C, x.shape[-1]))
+
+    q, k, v1 = chunks(qf), chunks(kf), chunks(_with_ones(v))
     # Within each chunk: explicit (C, C) weights, lower triangle.
-    weights = ops.einsum("bnihf,bnjhf->bnhij", q, k)  # (B, N, H, C, C)
     positions = ops.arange(C)
     lower = ops.cast(
         ops.less_equal(positions[None, :], positions[:, None]), "float32"
     )  # (C, C)
-    weights = weights * lower
-    num = ops.einsum("bnhij,bnjhv->bnihv", weights, v)  # (B, N, C, H, dv)
-    den = ops.transpose(ops.sum(weights, axis=-1), (0, 1, 3, 2))  # (B, N, C, H)
-    # Earlier chunks: chunk c reads the inclusive prefix sum of chunks
-    # 0..c-1 (chunk 0 reads nothing); only N - 1 prefixes are formed.
-    summary = ops.einsum("bnjhf,bnjhv->bnhfv", k[:, :-1], v[:, :-1])  # (B, N-1, H, F, dv)
-    total = ops.sum(k[:, :-1], axis=2)  # (B, N-1, H, F)
-    summary = ops.cumsum(summary, axis=1)
-    total = ops.cumsum(total, axis=1)
-    later = q[:, 1:]
-    num_past = ops.einsum("bnihf,bnhfv->bnihv", later, summary)
-    den_past = ops.einsum("bnihf,bnhf->bnih", later, total)
-    num = num + ops.concatenate([ops.zeros_like(num[:, :1]), num_past], axis=1)
-    den = den + ops.concatenate([ops.zeros_like(den[:, :1]), den_past], axis=1)
-    out = num / safe_denominator(den, epsilon)[..., None]
-    out = ops.reshape(out, (B, padded, H, dv))[:, :T]
+    weights = ops.matmul(q, ops.swapaxes(k, -1, -2)) * lower  # (B, H, N, C, C)
+    out = ops.matmul(weights, v1)  # (B, H, N, C, dv + 1)
+    # Earlier chunks: chunk c reads the inclusive prefix sum of the
+    # summaries of chunks 0..c-1 (chunk 0 reads nothing); only N - 1
+    # prefixes are formed.
+    summary = ops.matmul(ops.swapaxes(k[:, :, :-1], -1, -2), v1[:, :, :-1])
+    summary = ops.cumsum(summary, axis=2)  # (B, H, N - 1, F, dv + 1)
+    past = ops.matmul(q[:, :, 1:], summary)  # (B, H, N - 1, C, dv + 1)
+    out = out + ops.concatenate([ops.zeros_like(out[:, :, :1]), past], axis=2)
+    out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
+    out = ops.transpose(ops.reshape(out, (B, H, padded, dv)), (0, 2, 1, 3))[:, :T]
     return ops.cast(out, dtype)
