@@ -194,6 +194,13 @@ _BUILTIN = (
                  "random_blocks": 3, "seed": 0}},
      "keras_longattn BigBirdAttention, blocks of 64: 3 window, 2 global and "
      "3 random blocks per query block"),
+    ("linear", {"class_name": "LinearAttention", "config": {}},
+     "keras_longattn LinearAttention, elu+1 features, causal by chunked prefix "
+     "sums (chunks of 64)"),
+    ("performer",
+     {"class_name": "PerformerAttention", "config": {"num_features": 256, "seed": 0}},
+     "keras_longattn PerformerAttention (FAVOR+), 256 fixed orthogonal random "
+     "features (seed 0), causal by chunked prefix sums"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )
