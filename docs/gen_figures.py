@@ -88,6 +88,16 @@ FIGURE_OPTIONS = {
 #: Layers whose figure shows each head's pattern (``layer.head_patterns``),
 #: causal and bidirectional: heads that differ (Longformer's dilations).
 PER_HEAD_FIGURES = {"LongformerAttention"}
+#: Approximations of softmax attention whose figure compares their explicit
+#: weights with softmax attention's on one input, same projections: each
+#: maps to the panels (a label and constructor overrides of the layer).
+APPROXIMATION_FIGURES = {
+    "LinearAttention": (("elu+1 features", {"feature_map": "elu+1"}),
+                        ("relu features", {"feature_map": "relu"})),
+    "PerformerAttention": (("m = 16 features", {"num_features": 16, "seed": 0}),
+                           ("m = 256 features", {"num_features": 256, "seed": 0}),
+                           ("m = 4096 features", {"num_features": 4096, "seed": 0})),
+}
 #: Figure and guide names that ``snake_case`` does not give (acronyms).
 SLUGS = {"AdaMRAAttention": "adamra_attention", "BigBirdAttention": "bigbird_attention",
          "NystromAttention": "nystrom_attention", "LSHAttention": "lsh_attention"}
@@ -249,6 +259,56 @@ def draw_nystrom(name: str, options: dict, path: Path, n: int = PATTERN_LENGTH,
     args = ", ".join(f"{k}={v!r}" for k, v in options.items())
     fig.suptitle(f"{name}({args}), n = {n}: head 0 on one random input", fontsize=11)
     fig.tight_layout()
+def approximation_weights(cls, panels, n: int = PATTERN_LENGTH, seed: int = 0):
+    """``{"softmax (FullAttention)": w, label: w, ...}``: head 0's
+    bidirectional ``(n, n)`` weights of FullAttention and of ``cls`` under
+    each panel's overrides (its explicit weights,
+    ``return_attention_scores``), all with FullAttention's projections, on
+    one seeded random input of unit variance."""
+    import numpy as np
+    from keras import ops
+
+    import keras
+
+    from keras_longattn.layers import FullAttention
+
+    keras.utils.set_random_seed(seed)  # the projections: one figure per seed
+    x = np.random.default_rng(seed).standard_normal((1, n, 8)).astype("float32")
+    full = FullAttention(num_heads=2, key_dim=4, seed=seed)
+    _, scores = full(x, x, return_attention_scores=True)
+    weights = {"softmax (FullAttention)": np.asarray(ops.convert_to_numpy(scores))[0, 0]}
+    for label, overrides in panels:
+        layer = cls(num_heads=2, key_dim=4, **overrides)
+        layer(x, x)
+        layer.set_weights(full.get_weights())
+        _, scores = layer(x, x, return_attention_scores=True)
+        weights[label] = np.asarray(ops.convert_to_numpy(scores))[0, 0]
+    return weights
+
+
+def draw_weights(name: str, weights: dict, path: Path) -> Path:
+    """Draws attention weight matrices side by side into ``path`` (PNG),
+    one colour scale, each titled with its largest difference from the
+    first (softmax) panel."""
+    import numpy as np
+
+    plt = _pyplot()
+    first = next(iter(weights.values()))
+    top = max(float(w.max()) for w in weights.values())
+    fig, axes = plt.subplots(1, len(weights), figsize=(4.2 * len(weights), 4.6),
+                             squeeze=False)
+    for i, (ax, (label, w)) in enumerate(zip(axes[0], weights.items())):
+        image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+        title = label if i == 0 else (
+            f"{label}\nmax |w - softmax| = {float(np.abs(w - first).max()):.3f}")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("key position j")
+        if i == 0:
+            ax.set_ylabel("query position i")
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.8)
+    n = first.shape[0]
+    fig.suptitle(f"{name}: head 0's weights on one random input (n = {n}), "
+                 "same projections as FullAttention", fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -312,6 +372,12 @@ def generate_patterns(out_dir: Path, n: int = PATTERN_LENGTH,
             log.debug("%s", _relative(path))
             continue
         try:
+            if name in APPROXIMATION_FIGURES:
+                weights = approximation_weights(cls, APPROXIMATION_FIGURES[name], n)
+                path = draw_weights(name, weights, out_dir / f"{slug}.png")
+                written.append(path)
+                log.debug("%s", _relative(path))
+                continue
             layer = cls(num_heads=2, key_dim=4, **options)
             if name in PER_HEAD_FIGURES:
                 # An exact pattern per head (its reference is overridden

@@ -203,6 +203,13 @@ _BUILTIN = (
      {"class_name": "LSHAttention",
       "config": {"bucket_size": 64, "num_hashes": 4, "hash_seed": 0}},
      "keras_longattn LSHAttention, buckets of 64, 4 hashing rounds (seed 0)"),
+    ("linear", {"class_name": "LinearAttention", "config": {}},
+     "keras_longattn LinearAttention, elu+1 features, causal by chunked prefix "
+     "sums (chunks of 64)"),
+    ("performer",
+     {"class_name": "PerformerAttention", "config": {"num_features": 256, "seed": 0}},
+     "keras_longattn PerformerAttention (FAVOR+), 256 fixed orthogonal random "
+     "features (seed 0), causal by chunked prefix sums"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )

@@ -17,3 +17,5 @@ from keras_longattn.layers.longformer_attention import LongformerAttention
 from keras_longattn.layers.bigbird_attention import BigBirdAttention
 from keras_longattn.layers.nystrom_attention import NystromAttention
 from keras_longattn.layers.lsh_attention import LSHAttention
+from keras_longattn.layers.linear_attention import LinearAttention
+from keras_longattn.layers.performer_attention import PerformerAttention

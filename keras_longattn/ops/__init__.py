@@ -27,6 +27,7 @@
   :mod:`~keras_longattn.ops.sparse` (Sparse Transformer patterns) and
   :mod:`~keras_longattn.ops.routing` (balanced cluster attention),
   :mod:`~keras_longattn.ops.adamra` (compression rates, the router) and
+  :mod:`~keras_longattn.ops.performer` (FAVOR+ random features),
   :mod:`~keras_longattn.ops.longformer` (window convention, per-head
   dilation, global slots), :mod:`~keras_longattn.ops.bigbird` (window,
   global and random blocks), :mod:`~keras_longattn.ops.nystrom`
@@ -45,6 +46,7 @@ from keras_longattn.ops import bigbird
 from keras_longattn.ops import chunked
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
+from keras_longattn.ops import performer
 from keras_longattn.ops import longformer
 from keras_longattn.ops import lsh
 from keras_longattn.ops import nystrom
@@ -65,6 +67,7 @@ from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.chunked import sorted_chunk_attention
 from keras_longattn.ops.chunked import sorted_chunk_mask
 from keras_longattn.ops.fused import fused_dot_product_attention
+from keras_longattn.ops.kernelized import causal_kernel_attention
 from keras_longattn.ops.kernelized import feature_map
 from keras_longattn.ops.kernelized import kernel_attention
 from keras_longattn.ops.kernelized import kernel_attention_reference

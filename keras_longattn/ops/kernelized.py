@@ -18,17 +18,50 @@ Everything is accumulated in float32 and returned in the dtype of
 ``value`` (under ``mixed_float16`` a sum over tens of thousands of keys
 would overflow float16).
 
+Causal attention (:func:`causal_kernel_attention`) keeps the running sums
+``sum_{j<=i} phi(k_j) v_j^T`` per *chunk* of ``chunk_size`` positions, never
+per position: inside a chunk the ``(C, C)`` weights are formed explicitly
+(lower triangle), between chunks an exclusive prefix sum of the chunks'
+``(F, dv)`` summaries carries the past. Memory O(n * C + (n / C) * F * dv)
+per head, time O(n * (C * (F + dv) + F * dv)): no ``(n, F, dv)`` tensor of
+every position's running sum.
+
 Shape legend: B batch, T query length, S key length, H heads, F features
-per head, dv value head size.
+per head, dv value head size, C chunk size, N chunks.
 """
 
 from keras import ops
+
+from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.segments import dims
+from keras_longattn.ops.shapes import ceil_div
+from keras_longattn.ops.shapes import is_static
+from keras_longattn.ops.shapes import larger
+from keras_longattn.ops.shapes import length
 
 #: Feature maps understood by :func:`feature_map`.
 FEATURE_MAPS = ("relu", "elu+1")
 
 #: Smallest normaliser a query is divided by (see the module docstring).
 DEFAULT_EPSILON = 1e-6
+
+#: Positions per chunk of :func:`causal_kernel_attention` (about
+#: ``sqrt(F * dv)`` for heads of 64 balances its two terms of memory).
+DEFAULT_CHUNK_SIZE = 64
+
+
+def check_chunk_size(chunk_size):
+    """``chunk_size`` as an int >= 1, else a ValueError naming it."""
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, int)
+        or chunk_size < 1
+    ):
+        raise ValueError(
+            "`chunk_size` must be a positive integer. "
+            f"Received: chunk_size={chunk_size!r}"
+        )
+    return int(chunk_size)
 
 
 def check_feature_map(name):
@@ -99,12 +132,22 @@ def kernel_attention(
     kf = ops.cast(key_features, "float32")
     v = ops.cast(value, "float32")
     kf, v = _masked_keys(kf, v, key_mask)
-    summary = ops.einsum("bshf,bshv->bhfv", kf, v)  # (B, H, F, dv)
-    total = ops.sum(kf, axis=1)  # (B, H, F)
-    num = ops.einsum("bthf,bhfv->bthv", qf, summary)
-    den = ops.einsum("bthf,bhf->bth", qf, total)
-    out = num / safe_denominator(den, epsilon)[..., None]
-    return ops.cast(out, dtype)
+    dv = v.shape[-1]
+    # Head-major matmuls; a column of ones appended to the values carries
+    # the normaliser through the same products.
+    q = ops.transpose(qf, (0, 2, 1, 3))  # (B, H, T, F)
+    k = ops.transpose(kf, (0, 2, 3, 1))  # (B, H, F, S)
+    v1 = ops.transpose(_with_ones(v), (0, 2, 1, 3))  # (B, H, S, dv + 1)
+    summary = ops.matmul(k, v1)  # (B, H, F, dv + 1)
+    out = ops.matmul(q, summary)  # (B, H, T, dv + 1)
+    out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
+    return ops.cast(ops.transpose(out, (0, 2, 1, 3)), dtype)
+
+
+def _with_ones(v):
+    """``v`` with a last column of ones: ``w @ [v, 1]`` gives the weighted
+    sum and the sum of the weights in one product."""
+    return ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)
 
 
 def normalized_kernel_weights(similarity, mask=None, epsilon=DEFAULT_EPSILON):
@@ -138,6 +181,7 @@ def kernel_attention_reference(
     key_mask=None,
     epsilon=DEFAULT_EPSILON,
     return_weights=False,
+    mask=None,
 ):
     """The explicit quadratic form of :func:`kernel_attention`.
 
@@ -152,6 +196,8 @@ def kernel_attention_reference(
         key_mask: optional boolean ``(B, S)`` or ``(B, S, H)``.
         epsilon: smallest divisor.
         return_weights: also return the float32 weights.
+        mask: optional boolean broadcastable to ``(B, H, T, S)`` (e.g. a
+            causal or dense attention mask): False pairs get weight 0.
 
     Returns:
         ``(B, T, H, dv)`` in the dtype of ``value`` (and the weights).
@@ -162,8 +208,82 @@ def kernel_attention_reference(
     v = ops.cast(value, "float32")
     kf, v = _masked_keys(kf, v, key_mask)
     similarity = ops.einsum("bthf,bshf->bhts", qf, kf)
-    weights = normalized_kernel_weights(similarity, epsilon=epsilon)
+    weights = normalized_kernel_weights(similarity, mask=mask, epsilon=epsilon)
     out = ops.cast(ops.einsum("bhts,bshv->bthv", weights, v), dtype)
     if return_weights:
         return out, weights
     return out
+
+
+def causal_kernel_attention(
+    query_features,
+    key_features,
+    value,
+    key_mask=None,
+    chunk_size=DEFAULT_CHUNK_SIZE,
+    epsilon=DEFAULT_EPSILON,
+):
+    """Causal kernelized attention by chunked prefix sums.
+
+    ``out_i = phi(q_i)^T S_i / max(phi(q_i)^T z_i, epsilon)`` with
+    ``S_i = sum_{j<=i} phi(k_j) v_j^T`` and ``z_i = sum_{j<=i} phi(k_j)``
+    (query ``i`` sees keys ``j <= i``, top-left aligned when ``T != S``).
+    Positions are cut into chunks of ``C = chunk_size``; within a chunk the
+    ``(C, C)`` weights ``phi(q_i) . phi(k_j)`` are formed and masked to
+    ``j <= i``; the earlier chunks reach a query through an exclusive
+    prefix sum over the chunks' ``(F, dv)`` summaries. Everything is
+    accumulated in float32.
+
+    Time O(L * (C * (F + dv) + F * dv)) and memory O(L * C + (L / C) * F *
+    dv) per head, ``L = max(T, S)``: never an ``(L, F, dv)`` tensor.
+
+    Args:
+        query_features: non-negative ``(B, T, H, F)``.
+        key_features: non-negative ``(B, S, H, F)``.
+        value: ``(B, S, H, dv)``.
+        key_mask: optional boolean ``(B, S)`` or ``(B, S, H)``.
+        chunk_size: positions per chunk (>= 1); capped at ``L`` when the
+            lengths are static.
+        epsilon: smallest divisor.
+
+    Returns:
+        ``(B, T, H, dv)`` in the dtype of ``value``.
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    dtype = value.dtype
+    qf = ops.cast(query_features, "float32")
+    kf = ops.cast(key_features, "float32")
+    v = ops.cast(value, "float32")
+    kf, v = _masked_keys(kf, v, key_mask)
+    B, T, H, F = dims(qf)
+    S = length(kf, 1)
+    dv = v.shape[-1]
+    L = larger(T, S)
+    C = min(chunk_size, L) if is_static(L) else chunk_size
+    N = ceil_div(L, C)
+    padded = N * C
+    # Head-major chunks; the ones column of the values carries the
+    # normaliser through every product. Padded keys have zero features:
+    # they add nothing.
+    def chunks(x):
+        x = ops.transpose(pad_axis(x, 1, padded), (0, 2, 1, 3))
+        return ops.reshape(x, (B, H, N, C, x.shape[-1]))
+
+    q, k, v1 = chunks(qf), chunks(kf), chunks(_with_ones(v))
+    # Within each chunk: explicit (C, C) weights, lower triangle.
+    positions = ops.arange(C)
+    lower = ops.cast(
+        ops.less_equal(positions[None, :], positions[:, None]), "float32"
+    )  # (C, C)
+    weights = ops.matmul(q, ops.swapaxes(k, -1, -2)) * lower  # (B, H, N, C, C)
+    out = ops.matmul(weights, v1)  # (B, H, N, C, dv + 1)
+    # Earlier chunks: chunk c reads the inclusive prefix sum of the
+    # summaries of chunks 0..c-1 (chunk 0 reads nothing); only N - 1
+    # prefixes are formed.
+    summary = ops.matmul(ops.swapaxes(k[:, :, :-1], -1, -2), v1[:, :, :-1])
+    summary = ops.cumsum(summary, axis=2)  # (B, H, N - 1, F, dv + 1)
+    past = ops.matmul(q[:, :, 1:], summary)  # (B, H, N - 1, C, dv + 1)
+    out = out + ops.concatenate([ops.zeros_like(out[:, :, :1]), past], axis=2)
+    out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
+    out = ops.transpose(ops.reshape(out, (B, H, padded, dv)), (0, 2, 1, 3))[:, :T]
+    return ops.cast(out, dtype)

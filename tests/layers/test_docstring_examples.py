@@ -17,6 +17,8 @@ MODULES = [
     "keras_longattn.layers.synthesizer_attention",
     "keras_longattn.layers.nystrom_attention",
     "keras_longattn.layers.lsh_attention",
+    "keras_longattn.layers.linear_attention",
+    "keras_longattn.layers.performer_attention",
     "keras_longattn.ops.patterns",
     "keras_longattn.ops.blocked",
     "keras_longattn.ops.reference",

@@ -9,12 +9,14 @@ pin each one down).
 import keras
 
 from keras_longattn.layers import FullAttention
+from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import LinformerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import LSHAttention
 from keras_longattn.layers import NystromAttention
+from keras_longattn.layers import PerformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.layers import SynthesizerAttention
@@ -194,4 +196,28 @@ class TestLSHAttentionFixedBucketsProperties(AttentionLayerProperties):
                    "num_buckets": 6, "hash_seed": 2}
     supports_cross_attention = False
     ci_properties = ("test_prop_matches_reference", "test_prop_dynamic_length")
+    property_examples = FEWER
+
+
+class TestLinearAttentionProperties(AttentionLayerProperties):
+    """elu + 1 features, chunks of 5 (causal calls cross chunk borders;
+    cross-attention with T != S included). No full-attention limit: the
+    reference is the explicit quadratic form of the same features."""
+
+    layer_cls = LinearAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "chunk_size": 5}
+    ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
+                     "test_prop_large_inputs_finite", "test_prop_dynamic_length")
+    property_examples = FEWER
+
+
+class TestPerformerAttentionProperties(AttentionLayerProperties):
+    """20 random features (a partial block), chunks of 5."""
+
+    layer_cls = PerformerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "num_features": 20, "chunk_size": 5,
+                   "seed": 7}
+    reference_rtol = 1e-4
+    ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
+                     "test_prop_nonfinite_padding", "test_prop_dtype_policy")
     property_examples = FEWER

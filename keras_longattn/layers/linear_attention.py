@@ -1,0 +1,171 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"):
+a positive feature map in place of the softmax, linear in the length."""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.dispatch import implementation
+from keras_longattn.ops import kernelized
+
+
+def check_epsilon(epsilon):
+    """``epsilon`` as a positive float, else a ValueError naming it."""
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, numbers.Real)
+        or not float(epsilon) > 0.0
+    ):
+        raise ValueError(
+            f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}"
+        )
+    return float(epsilon)
+
+
+def refuse_dropout(layer):
+    """Kernelized attention never forms weights: ``dropout > 0`` is refused
+    at construction (a ValueError naming it)."""
+    if layer.dropout > 0.0:
+        raise ValueError(
+            f"{type(layer).__name__} never forms attention weights, so there "
+            "is nothing for attention dropout to drop: use dropout=0. "
+            f"Received: dropout={layer.dropout!r}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class LinearAttention(BaseAttention):
+    """Linear attention: ``phi(q) . phi(k)`` with a positive feature map in
+    place of ``exp(q . k / sqrt(d))``; linear in the sequence length.
+
+    Each head computes ``out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) /
+    (phi(q_i)^T sum_j phi(k_j))``, the sums over the keys query ``i`` may
+    see, with ``phi(x) = elu(x) + 1`` (the paper) or ``relu(x)``. The
+    associative form never builds the ``(T, S)`` weights.
+
+    **Causal** calls keep running sums by chunks of ``chunk_size``
+    positions (the paper's RNN view, computed in parallel): inside a chunk
+    the ``(C, C)`` weights are explicit, earlier chunks arrive through a
+    prefix sum of the chunks' ``(d, dv)`` summaries. Memory
+    O(n * (C + d * dv / C)) per head, never one ``(d, dv)`` state per
+    position.
+
+    **Precision.** Features, sums and the division are computed in float32
+    whatever the dtype policy (a sum of thousands of products overflows
+    float16), and the output is cast back to the compute dtype.
+
+    **Zero features.** ReLU features of a query with no positive coordinate
+    are all zero, and so is its normaliser. The layer divides by
+    ``max(normaliser, epsilon)``: such a query gets a zero attention output
+    with finite gradients (likewise a query that sees no real key).
+
+    **No exact limit.** No feature map of this family gives softmax
+    attention, so :meth:`full_attention_limit` is None; the ``"reference"``
+    path, the explicit ``(T, S)`` weights ``phi(q_i) . phi(k_j)`` normalised
+    per row, is the specification the fast path is checked against.
+
+    Padding masks are honoured (padded keys enter no sum); a dense
+    ``attention_mask`` only with ``implementation="reference"``.
+    ``return_attention_scores=True`` returns the explicit weights (from the
+    reference path). No attention dropout (there are no weights to drop).
+
+    Implementations:
+        ``"kernel"``: the associative form (chunked prefix sums when
+        causal): O(n * d * dv) time per head.
+        ``"reference"``: the explicit quadratic form, O(T * S).
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key (the feature count).
+        value_dim: size of each head for value. Defaults to ``key_dim``.
+        feature_map: ``"elu+1"`` (the paper) or ``"relu"``.
+        chunk_size: positions per chunk of the causal prefix sums. Defaults
+            to 64.
+        epsilon: smallest normaliser. Defaults to 1e-6.
+        **kwargs: the arguments of :class:`BaseAttention` (those of
+            ``keras.layers.MultiHeadAttention``, ``implementation``).
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_longattn
+    >>> layer = keras_longattn.layers.LinearAttention(num_heads=2, key_dim=8)
+    >>> x = np.random.rand(2, 50, 16).astype("float32")
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
+    (2, 50, 16)
+    >>> layer.last_implementation
+    'kernel'
+
+    Reference:
+        Katharopoulos, Vyas, Pappas and Fleuret, "Transformers are RNNs:
+        Fast Autoregressive Transformers with Linear Attention", ICML 2020.
+    """
+
+    is_exact = False
+    reference_tolerance = 1e-5
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        *,
+        feature_map="elu+1",
+        chunk_size=kernelized.DEFAULT_CHUNK_SIZE,
+        epsilon=kernelized.DEFAULT_EPSILON,
+        **kwargs,
+    ):
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
+        self.feature_map = kernelized.check_feature_map(feature_map)
+        self.chunk_size = kernelized.check_chunk_size(chunk_size)
+        self.epsilon = check_epsilon(epsilon)
+        refuse_dropout(self)
+
+    def features(self, x):
+        """``phi(x)`` in float32: ``(B, n, H, d)``."""
+        return kernelized.feature_map(ops.cast(x, "float32"), self.feature_map)
+
+    @implementation("kernel", dropout=False)
+    def _kernel(self, query, key, value, context):
+        """The associative form; chunked prefix sums when causal."""
+        qf, kf = self.features(query), self.features(key)
+        if context.causal:
+            return kernelized.causal_kernel_attention(
+                qf, kf, value,
+                key_mask=context.padding.key_mask,
+                chunk_size=self.chunk_size,
+                epsilon=self.epsilon,
+            )
+        return kernelized.kernel_attention(
+            qf, kf, value, key_mask=context.padding.key_mask, epsilon=self.epsilon
+        )
+
+    def _attention_reference(self, query, key, value, context):
+        """The explicit ``(T, S)`` weights ``phi(q_i) . phi(k_j)`` under the
+        call's mask (causal, padding, dense), each row divided by its
+        (safe) sum, applied to the values."""
+        mask = ops.expand_dims(self.reference_mask(context), 1)  # (B, 1, T, S)
+        out, weights = kernelized.kernel_attention_reference(
+            self.features(query), self.features(key), value,
+            mask=mask, epsilon=self.epsilon, return_weights=True,
+        )
+        if context.return_scores:
+            return out, ops.cast(weights, self.compute_dtype)
+        return out
+
+    def full_attention_limit(self, sequence_length):
+        """None: no feature map of this family gives softmax attention."""
+        return None
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "feature_map": self.feature_map,
+                "chunk_size": self.chunk_size,
+                "epsilon": self.epsilon,
+            }
+        )
+        return config
