@@ -259,6 +259,12 @@ def draw_nystrom(name: str, options: dict, path: Path, n: int = PATTERN_LENGTH,
     args = ", ".join(f"{k}={v!r}" for k, v in options.items())
     fig.suptitle(f"{name}({args}), n = {n}: head 0 on one random input", fontsize=11)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def approximation_weights(cls, panels, n: int = PATTERN_LENGTH, seed: int = 0):
     """``{"softmax (FullAttention)": w, label: w, ...}``: head 0's
     bidirectional ``(n, n)`` weights of FullAttention and of ``cls`` under
