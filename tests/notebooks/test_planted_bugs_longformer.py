@@ -24,7 +24,8 @@ from keras_longattn.reproductions import sparse_transformer as st
 
 MARGINS = dict(accuracy_margin=20.0, min_full_accuracy=80.0, max_blind_excess=10.0,
                bpb_margin=0.02, max_linear_growth=4.5, min_full_growth=6.0,
-               assert_full_growth=True, min_bench_speedup=1.5, min_bench_memory_ratio=2.0)
+               assert_full_growth=True, min_bench_speedup=1.5, min_bench_memory_ratio=2.0,
+               assert_bench_memory=True)
 N, W, DILATIONS = 20, 4, (1, 2)
 TASK_N, TASK_W, TASK_LAYERS, MIN_POSITION = 24, 4, 2, 8
 
@@ -179,7 +180,7 @@ def test_planted_dense_swap_fails_on_pattern_and_cost():
              2048: {"status": "ok", "median_ms": 600.0, "peak_mib": 700.0}}
     scaling = {"full": dense, "longformer": {k: dict(v) for k, v in dense.items()}}
     claims = lf.longformer_claims(_results(pattern, reads, scaling=scaling), MARGINS)
-    assert {"pattern", "memory_linear", "bench"} <= _failed(claims)
+    assert {"pattern", "memory_linear", "bench_speed", "bench_memory"} <= _failed(claims)
 
 
 def test_planted_task_not_learned_or_unsolvable_fails():
@@ -224,5 +225,14 @@ def test_full_attention_out_of_memory_at_4n_counts_as_quadratic():
         _results(_pattern("real"), reads, scaling=scaling), MARGINS)}
     assert claims["memory_full_quadratic"].passed
     assert claims["memory_linear"].passed
-    # The cost claim compares the longest n both ran (1024 here): 2x, 4x.
-    assert claims["bench"].passed
+    # The cost claims compare the longest n both ran (1024 here): 2x, 4x.
+    assert claims["bench_speed"].passed and claims["bench_memory"].passed
+
+
+def test_ablation_with_some_arms_only():
+    reads = (_reads("local"), _reads("global"))
+    ablation = {"increasing": [2.50, 2.56], "dilated": [2.49, 2.58]}
+    names = {c.name for c in lf.longformer_claims(
+        _results(_pattern("real"), reads, ablation=ablation), MARGINS)}
+    assert "ablation_dilated_vs_none" in names
+    assert "ablation_increasing_vs_decreasing" not in names
