@@ -395,6 +395,10 @@ class SynthesizerAttention(BaseAttention):
         out = ops.einsum("bhts,bshd->bthd", probs, ops.cast(value, "float32"))
         out = ops.cast(out, dtype)
         if context.return_scores:
+            # Input-independent kinds give (1, H, T, S): one row per example,
+            # as keras.layers.MultiHeadAttention returns them.
+            batch = ops.shape(query)[0]
+            weights = ops.broadcast_to(weights, (batch,) + tuple(ops.shape(weights)[1:]))
             return out, ops.cast(weights, dtype)
         return out
 

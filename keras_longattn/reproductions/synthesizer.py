@@ -116,8 +116,8 @@ def probe_layer(layer, length, dim, *, seed=0, samples=4):
     out_causal = _numpy(layer(x, x, use_causal_mask=True))
     _, w_causal = layer(x, x, use_causal_mask=True, return_attention_scores=True)
     out_bi, w_bi = layer(x, x, use_causal_mask=False, return_attention_scores=True)
-    # Input-free kinds return weights of batch 1 (the same for every
-    # sequence): broadcast them to the batch.
+    # One row of weights per example (a no-op since the layer returns
+    # (B, H, T, S) for every kind; kept for older layer versions).
     w_causal, w_bi = (np.broadcast_to(_numpy(w), (len(x),) + tuple(w.shape[1:]))
                       for w in (w_causal, w_bi))
     out_bi = _numpy(out_bi)

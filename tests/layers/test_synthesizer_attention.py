@@ -242,3 +242,14 @@ def test_defaults_and_config():
         assert config[key] == value
     assert config["random_initializer"]["config"]["stddev"] == 1.0
     assert SynthesizerAttention.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize("kind", ["random", "fixed_random", "factorized_random"])
+def test_scores_have_one_row_per_example(kind):
+    """Kinds whose weights do not depend on the input still return
+    (B, H, T, S) scores, as MultiHeadAttention does."""
+    layer = SynthesizerAttention(num_heads=2, key_dim=4, max_length=16, kind=kind)
+    x = np.random.default_rng(0).standard_normal((3, 10, 8)).astype("float32")
+    out, scores = layer(x, x, return_attention_scores=True)
+    assert tuple(scores.shape) == (3, 2, 10, 10)
+    assert tuple(out.shape) == (3, 10, 8)
