@@ -9,39 +9,12 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
+from keras_longattn.layers._head_kernel import HeadKernel
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import adamra as adamra_ops
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import segments
-
-
-class _Router(keras.layers.Layer):
-    """Holds the router's ``(H * key_dim, H)`` kernel ``W`` of
-    ``P = softmax(Q W)``.
-
-    A sub-layer (created after the projections) so that the layer's weights
-    start with exactly MultiHeadAttention's, in its order.
-    """
-
-    def __init__(self, input_dim, num_heads, initializer, regularizer=None,
-                 constraint=None, **kwargs):
-        super().__init__(**kwargs)
-        self.input_dim = input_dim
-        self.num_heads = num_heads
-        self.initializer = initializer
-        self.regularizer = regularizer
-        self.constraint = constraint
-
-    def build(self, input_shape=None):
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(self.input_dim, self.num_heads),
-            initializer=self.initializer,
-            regularizer=self.regularizer,
-            constraint=self.constraint,
-        )
-        self.built = True
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -220,7 +193,7 @@ class AdaMRAAttention(BaseAttention):
     def build_extra(self, query_shape, value_shape, key_shape):
         if self.routing != "learned":
             return
-        self._router = _Router(
+        self._router = HeadKernel(
             self.num_heads * self.key_dim,
             self.num_heads,
             initializer=self._sublayer_kwargs()["kernel_initializer"],

@@ -618,6 +618,18 @@ class BaseAttention(keras.layers.Layer):
             return None
         return lambda probs: self._dropout_layer(probs, training=training)
 
+    def _weighted_values(self, weights, value, context):
+        """Explicit ``(B, H, T, S)`` weights applied to ``(B, S, H, dv)``
+        values, with attention dropout: the output ``(B, T, H, dv)``, and
+        the weights (before dropout) too when the call asks for scores."""
+        weights = ops.cast(weights, value.dtype)
+        dropout_fn = self._dropout_fn(context.training)
+        probs = weights if dropout_fn is None else dropout_fn(weights)
+        out = ops.einsum("bhts,bshd->bthd", probs, value)
+        if context.return_scores:
+            return out, weights
+        return out
+
     # ------------------------------------------------------------ validation
     def _validate_call(
         self, query, value, key, query_mask, value_mask, key_mask, attention_mask

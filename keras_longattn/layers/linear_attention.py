@@ -131,15 +131,12 @@ class LinearAttention(BaseAttention):
     def _kernel(self, query, key, value, context):
         """The associative form; chunked prefix sums when causal."""
         qf, kf = self.features(query), self.features(key)
-        if context.causal:
-            return kernelized.causal_kernel_attention(
-                qf, kf, value,
-                key_mask=context.padding.key_mask,
-                chunk_size=self.chunk_size,
-                epsilon=self.epsilon,
-            )
-        return kernelized.kernel_attention(
-            qf, kf, value, key_mask=context.padding.key_mask, epsilon=self.epsilon
+        return kernelized.associative_attention(
+            qf, kf, value,
+            causal=context.causal,
+            key_mask=context.padding.key_mask,
+            chunk_size=self.chunk_size,
+            epsilon=self.epsilon,
         )
 
     def _attention_reference(self, query, key, value, context):

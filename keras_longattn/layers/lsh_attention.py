@@ -294,15 +294,7 @@ class LSHAttention(BaseAttention):
             scale=self._inverse_sqrt_key_dim,
             extra_mask=extra,
         )
-        weights = ops.cast(weights, value.dtype)
-        probs = weights
-        dropout_fn = self._dropout_fn(context.training)
-        if dropout_fn is not None:
-            probs = dropout_fn(probs)
-        out = ops.einsum("bhts,bshd->bthd", probs, value)
-        if context.return_scores:
-            return out, weights
-        return out
+        return self._weighted_values(weights, value, context)
 
     # ---------------------------------------------------------------- config
     def get_config(self):

@@ -7,37 +7,10 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.layers._head_kernel import HeadKernel
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import nystrom as nystrom_ops
-
-
-class _ValueConv(keras.layers.Layer):
-    """Holds the ``(conv_kernel_size, num_heads)`` kernel of the depthwise
-    convolution on the values (one filter per head).
-
-    A sub-layer (created after the projections) so that the layer's weights
-    start with exactly MultiHeadAttention's, in its order.
-    """
-
-    def __init__(self, size, num_heads, initializer, regularizer=None,
-                 constraint=None, **kwargs):
-        super().__init__(**kwargs)
-        self.size = size
-        self.num_heads = num_heads
-        self.initializer = initializer
-        self.regularizer = regularizer
-        self.constraint = constraint
-
-    def build(self, input_shape=None):
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(self.size, self.num_heads),
-            initializer=self.initializer,
-            regularizer=self.regularizer,
-            constraint=self.constraint,
-        )
-        self.built = True
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -175,7 +148,7 @@ class NystromAttention(BaseAttention):
     def build_extra(self, query_shape, value_shape, key_shape):
         if self.conv_kernel_size is None:
             return
-        self._conv = _ValueConv(
+        self._conv = HeadKernel(
             self.conv_kernel_size,
             self.num_heads,
             initializer=self._sublayer_kwargs()["kernel_initializer"],

@@ -260,15 +260,12 @@ class PerformerAttention(BaseAttention):
     def _favor(self, query, key, value, context):
         """The associative form; chunked prefix sums when causal."""
         qf, kf = self.features(query, key, context, self.projection(context.training))
-        if context.causal:
-            return kernelized.causal_kernel_attention(
-                qf, kf, value,
-                key_mask=context.padding.key_mask,
-                chunk_size=self.chunk_size,
-                epsilon=self.epsilon,
-            )
-        return kernelized.kernel_attention(
-            qf, kf, value, key_mask=context.padding.key_mask, epsilon=self.epsilon
+        return kernelized.associative_attention(
+            qf, kf, value,
+            causal=context.causal,
+            key_mask=context.padding.key_mask,
+            chunk_size=self.chunk_size,
+            epsilon=self.epsilon,
         )
 
     def _attention_reference(self, query, key, value, context):

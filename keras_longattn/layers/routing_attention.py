@@ -514,15 +514,7 @@ class RoutingAttention(BaseAttention):
             window=window,
             scale=self._inverse_sqrt_key_dim,
         )
-        weights = ops.cast(weights, value.dtype)
-        probs = weights
-        dropout_fn = self._dropout_fn(context.training)
-        if dropout_fn is not None:
-            probs = dropout_fn(probs)
-        out = ops.einsum("bhts,bshd->bthd", probs, value)
-        if context.return_scores:
-            return out, weights
-        return out
+        return self._weighted_values(weights, value, context)
 
     def _at_least_window(self, fn, query, key, value, context, *args):
         """Runs ``fn`` on a call whose lengths are unknown while tracing:

@@ -67,6 +67,7 @@ from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.chunked import sorted_chunk_attention
 from keras_longattn.ops.chunked import sorted_chunk_mask
 from keras_longattn.ops.fused import fused_dot_product_attention
+from keras_longattn.ops.kernelized import associative_attention
 from keras_longattn.ops.kernelized import causal_kernel_attention
 from keras_longattn.ops.kernelized import feature_map
 from keras_longattn.ops.kernelized import kernel_attention

@@ -287,3 +287,26 @@ def causal_kernel_attention(
     out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
     out = ops.transpose(ops.reshape(out, (B, H, padded, dv)), (0, 2, 1, 3))[:, :T]
     return ops.cast(out, dtype)
+
+
+def associative_attention(
+    query_features,
+    key_features,
+    value,
+    causal=False,
+    key_mask=None,
+    chunk_size=DEFAULT_CHUNK_SIZE,
+    epsilon=DEFAULT_EPSILON,
+):
+    """Kernelized attention in linear time, either mode:
+    :func:`causal_kernel_attention` when ``causal``, else
+    :func:`kernel_attention` (same arguments; ``chunk_size`` is used only
+    when causal)."""
+    if causal:
+        return causal_kernel_attention(
+            query_features, key_features, value, key_mask=key_mask,
+            chunk_size=chunk_size, epsilon=epsilon,
+        )
+    return kernel_attention(
+        query_features, key_features, value, key_mask=key_mask, epsilon=epsilon
+    )
