@@ -406,13 +406,44 @@ class LongformerAttention(BaseAttention):
         merge)."""
         return self._longformer(query, key, value, context, fused=True)
 
+    def _input_space_projections(self, context):
+        """``(key_input, value_input, key_kernel, value_kernel, value_bias,
+        key_bias)`` for :func:`keras_longattn.ops.longformer.input_space_attention`, or
+        None where the global rows must project every key (rotary
+        positions, quantized projections, no global inputs)."""
+        if getattr(context, "global_inputs", None) is None:
+            return None
+        if self.rotary_max_wavelength is not None:
+            return None
+        dense = (self._key_global_dense, self._value_global_dense)
+        if any(getattr(layer, "quantization_mode", None) for layer in dense):
+            return None
+        _, key, value = context.global_inputs
+        # Tensors, not variables: the ops may run under jax.jit.
+        tensor = ops.convert_to_tensor
+        kernels = [tensor(layer.kernel) for layer in dense]
+        if self.use_bias:
+            value_bias, key_bias = tensor(dense[1].bias), tensor(dense[0].bias)
+        else:
+            value_bias = key_bias = None
+        return (key, value, kernels[0], kernels[1], value_bias, key_bias)
+
     def _longformer(self, query, key, value, context, **path):
-        qg, kg, vg = self._global_projections(context, rows_only=True)
+        projections = self._input_space_projections(context)
+        if projections is not None:
+            # The global rows in input space: two fewer full projections.
+            query_input = context.global_inputs[0]
+            hot = self._slot_rows(context, query_input.dtype)
+            rows = ops.einsum("bgt,btc->bgc", hot, query_input)
+            qg, kg, vg = self._query_global_dense(rows), None, None
+        else:
+            qg, kg, vg = self._global_projections(context, rows_only=True)
         return la_longformer.longformer_attention(
             query, key, value, self.window, self.dilations,
             causal=context.causal,
             slots=context.global_slots,
             global_query=qg, global_key=kg, global_value=vg,
+            global_projections=projections,
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
             block_size=self.block_size,

@@ -52,6 +52,7 @@ from keras_longattn.ops.patterns import CausalPattern
 from keras_longattn.ops.patterns import DilatedPattern
 from keras_longattn.ops.patterns import FullPattern
 from keras_longattn.ops.patterns import GlobalPattern
+from keras_longattn.ops.reference import masked_softmax
 from keras_longattn.ops.reference import merge_attention_parts
 from keras_longattn.ops.reference import reference_attention
 from keras_longattn.ops.shapes import is_static
@@ -218,6 +219,7 @@ def longformer_attention(
     global_query=None,
     global_key=None,
     global_value=None,
+    global_projections=None,
     key_mask=None,
     scale=None,
     block_size=None,
@@ -245,6 +247,14 @@ def longformer_attention(
         global_key: ``(B, S, H, d)``, global key projections of every
             position. Defaults to ``key``.
         global_value: ``(B, S, H, dv)``. Defaults to ``value``.
+        global_projections: instead of ``global_key`` / ``global_value``,
+            ``(key_input, value_input, key_kernel, value_kernel, value_bias,
+            key_bias)``: the inputs ``(B, S, C)`` and ``(B, S, Cv)``, the
+            ``(C, H, d)`` and ``(Cv, H, dv)`` kernels and the optional
+            ``(H, dv)`` and ``(H, d)`` biases of the global value and key
+            projections. The global rows are then computed in input space
+            (:func:`input_space_attention`), without projecting every
+            position.
         key_mask: optional boolean ``(B, S)``; False marks padded keys.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         block_size: positions per block of the band part. Defaults to
@@ -345,7 +355,16 @@ def longformer_attention(
     if causal:
         k_pos = ops.arange(S, dtype="int32")
         visible = ops.logical_and(visible, positions[:, None, :, None] >= k_pos)  # (B, 1, G, S)
-    if fused:
+    if global_projections is not None:
+        key_input, value_input, key_kernel, value_kernel, value_bias, key_bias = (
+            global_projections
+        )
+        rows = input_space_attention(
+            global_query, key_input, value_input, key_kernel, value_kernel,
+            value_bias, mask=visible, scale=scale, dropout_fn=dropout_fn,
+            key_bias=key_bias,
+        )
+    elif fused:
         rows = fused_dot_product_attention(
             global_query, global_key, global_value, mask=visible, scale=scale
         )
@@ -358,3 +377,66 @@ def longformer_attention(
     scattered = ops.einsum("bgt,bghd->bthd", ops.cast(hot_q, rows.dtype), rows)
     is_global = ops.any(ops.cast(hot_q, "bool"), axis=1)[:, :, None, None]  # (B, T, 1, 1)
     return ops.where(is_global, ops.cast(scattered, out.dtype), out)
+
+
+def input_space_attention(
+    query,
+    key_input,
+    value_input,
+    key_kernel,
+    value_kernel,
+    value_bias=None,
+    mask=None,
+    scale=None,
+    dropout_fn=None,
+    key_bias=None,
+):
+    """Attention of a few queries over projected keys and values, computed
+    without projecting the keys and values.
+
+    For ``G`` queries and ``S`` positions, with keys ``x W_k + b_k`` and
+    values ``y W_v + b_v``: the scores are ``(q W_k^T) x^T`` (the key bias
+    adds one constant per query row, which the softmax cancels) and the
+    output is ``(p y) W_v + (sum p) b_v``. That costs ``O(G * S * C * H)``
+    instead of the ``O(S * C * H * d)`` of projecting every position:
+    Longformer's global rows (``G`` global tokens) need the global
+    projections of all ``S`` keys only through these products.
+
+    Args:
+        query: ``(B, G, H, d)``.
+        key_input: ``(B, S, C)``.
+        value_input: ``(B, S, Cv)``.
+        key_kernel: ``(C, H, d)``.
+        value_kernel: ``(Cv, H, dv)``.
+        value_bias: optional ``(H, dv)``.
+        mask: optional boolean broadcastable to ``(B, H, G, S)``.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        dropout_fn: optional callable applied to the attention weights.
+        key_bias: optional ``(H, d)``: adds ``q . b_k`` to every score of a
+            row (no change to the result; it keeps the bias in the
+            gradient graph, where its gradient is zero, as with projected
+            keys).
+
+    Returns:
+        ``(B, G, H, dv)``; rows that see no key are zero.
+    """
+    dtype = query.dtype
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    query = ops.multiply(query, ops.cast(scale, dtype))
+    # (B, G, H, d) x (C, H, d) -> (B, G, H, C): the queries in input space.
+    lifted = ops.einsum("bghd,chd->bghc", query, ops.cast(key_kernel, dtype))
+    scores = ops.einsum("bghc,bsc->bhgs", lifted, ops.cast(key_input, dtype))
+    if key_bias is not None:
+        shift = ops.einsum("bghd,hd->bhg", query, ops.cast(key_bias, dtype))
+        scores = scores + shift[..., None]
+    probs = masked_softmax(scores, mask, axis=-1)
+    if dropout_fn is not None:
+        probs = dropout_fn(probs)
+    # (B, H, G, S) x (B, S, Cv) -> (B, G, H, Cv), then the value kernel.
+    mixed = ops.einsum("bhgs,bsc->bghc", probs, ops.cast(value_input, dtype))
+    out = ops.einsum("bghc,chd->bghd", mixed, ops.cast(value_kernel, dtype))
+    if value_bias is not None:
+        total = ops.transpose(ops.sum(probs, axis=-1), (0, 2, 1))  # (B, G, H)
+        out = out + total[..., None] * ops.cast(value_bias, dtype)
+    return out

@@ -322,3 +322,54 @@ def test_rotary_positions_with_global_rows(implementation):
         out = to_np(layer(x, x, global_mask=gm, use_causal_mask=causal))
         expected = to_np(ref(x, x, global_mask=gm, use_causal_mask=causal))
         assert rel_error(out, expected) < 1e-5
+
+
+# ------------------------------------------- global rows in input space
+@pytest.mark.parametrize("causal, implementation",
+                         [(False, "blocked"), (True, "blocked"), (True, "blocked_fused")])
+def test_global_rows_in_input_space_equal_projected_keys(causal, implementation):
+    """The blocked paths compute the global rows from the inputs and the
+    global key/value kernels (no projection of every position): outputs
+    and the gradients of every weight (the global projections' included)
+    equal the reference, which projects every key. Query, key and value
+    inputs differ (a swapped input would show), with padding and biases."""
+    from keras_longattn.testing.properties import weight_gradients
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, N, 16)).astype("float32") for _ in range(3))
+    pad = np.ones((2, N), bool)
+    pad[0, N - 5 :] = False
+    gm = _global_mask()
+    kwargs = {"num_heads": 2, "key_dim": 8, "window": 6, "global_tokens": 1}
+    layer = LongformerAttention(implementation=implementation, **kwargs)
+    ref = LongformerAttention(implementation="reference", **kwargs)
+    layer(q, v, key=k)
+    ref(q, v, key=k)
+    weights = [w + rng.standard_normal(w.shape).astype("float32") * 0.3
+               for w in layer.get_weights()]  # non-zero biases
+    layer.set_weights(weights)
+    ref.set_weights(weights)
+    call = {"key": k, "global_mask": gm, "value_mask": pad, "use_causal_mask": causal}
+
+    def loss(lay):
+        out = lay(q, v, **call)
+        return keras.ops.sum(keras.ops.sin(out) * (1.0 + keras.ops.arange(16, dtype="float32")))
+
+    out, expected = to_np(layer(q, v, **call)), to_np(ref(q, v, **call))
+    assert rel_error(out, expected) < 1e-5
+    got, want = weight_gradients(layer, lambda: loss(layer)), weight_gradients(ref, lambda: loss(ref))
+    names = [w.path for w in layer.trainable_variables]
+    for name, g, w in zip(names, got, want):
+        # Key biases shift every score of a row equally: softmax-invariant.
+        if "key/bias" in name or "key_global/bias" in name:  # zero up to rounding
+            assert np.abs(g).max() < 1e-4 and np.abs(w).max() < 1e-4, name
+            continue
+        assert g is not None, name
+        assert rel_error(g, w) < 1e-4, name
+
+    def no_projection(*args, **kwargs):
+        raise AssertionError("the global keys were projected at every position")
+
+    layer._key_global_dense.call = no_projection
+    layer._value_global_dense.call = no_projection
+    assert rel_error(to_np(layer(q, v, **call)), expected) < 1e-5
