@@ -26,7 +26,8 @@ backend without its own entry gets):
   scale)``: exact sliding-window attention by a backend kernel, where
   ``band_attention_refusal(dtype, query_length, key_length, key_dim,
   value_dim)`` is None (the
-  portable table has none: it refuses every call);
+  portable table has none: it refuses every call); ``strided_attention``
+  likewise, for the Sparse Transformer's strided pattern;
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
@@ -105,6 +106,14 @@ class BackendOps:
         """Exact sliding-window attention (keys ``i - look_back .. i +
         look_ahead``) of ``(B, T, H, d)`` heads by a backend kernel; a query
         that sees no key gets zeros. Only where
+        :meth:`band_attention_refusal` is None."""
+        raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
+
+    def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
+        """The Sparse Transformer's strided pattern (heads ``[0,
+        window_heads)`` a window of ``stride`` keys, the others every
+        ``stride``-th key) of ``(B, T, H, d)`` heads, ``T`` a multiple of
+        ``stride``, no padding, by a backend kernel; only where
         :meth:`band_attention_refusal` is None."""
         raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
 

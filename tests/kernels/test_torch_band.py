@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import SparseAttention
 from keras_longattn.testing import AttentionLayerConformance
 
 ON_TORCH = keras.backend.backend() == "torch"
@@ -33,6 +34,29 @@ class TestLocalAttentionBandKernelExtents(AttentionLayerConformance):
                    "block_size": 5}
     implementation = "band_kernel"
     reference_lengths = (3, 23, 64)
+    supports_mixed_precision = False
+
+
+@torch_only
+class TestSparseStridedBandKernel(AttentionLayerConformance):
+    """Strided multihead: both parts on the kernel when the length is a
+    multiple of the stride and nothing is padded, else the window part only
+    (lengths 16 and 2048 take the first way, 37 and padded calls the second)."""
+
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 4, "key_dim": 8, "pattern": "strided", "block_length": 4}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 2048)
+    supports_mixed_precision = False
+
+
+@torch_only
+class TestSparseStridedFirstBandKernel(AttentionLayerConformance):
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided", "block_length": 8,
+                   "combination": "first"}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 64)
     supports_mixed_precision = False
 
 
@@ -97,6 +121,52 @@ def test_kernel_equals_dense_reference(case, small_calls, monkeypatch):
     ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
     for g, r in zip(grads, ref_grads):
         np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window_heads", [0, 1, 2, 3])
+def test_strided_kernel_equals_dense_reference(causal, window_heads):
+    """Head by head: a window of ``l`` keys for the first heads, every
+    ``l``-th key for the others; inputs are head slices (strided views)."""
+    import torch
+
+    from keras_longattn.kernels.torch import strided
+
+    B, T, H, d, l = 2, 48, 3, 8, 6
+    gen = torch.Generator().manual_seed(window_heads)
+    wide = [torch.randn(B, T, 2 * H, d, generator=gen) for _ in range(3)]
+    q, k, v = (w[:, :, ::2].requires_grad_(True) for w in wide)
+    out = strided.strided_attention(q, k, v, l, causal, window_heads, 0.4)
+    pos = torch.arange(T)
+    rel = pos[None, :] - pos[:, None]
+    window = (rel > -l) & ((rel <= 0) if causal else (rel < l))
+    column = (rel % l == 0) & ((rel <= 0) if causal else torch.ones_like(window))
+    refs = []
+    for h in range(H):
+        allowed = window if h < window_heads else column
+        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * 0.4
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
+    ref = torch.stack(refs, dim=2)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+def test_strided_kernel_rejects_a_stride_that_does_not_divide():
+    import torch
+
+    from keras_longattn.kernels.torch import strided
+
+    q = torch.randn(1, 10, 2, 4)
+    with pytest.raises(ValueError, match="stride=3"):
+        strided.strided_attention(q, q, q, 3, True, 1, 0.5)
 
 
 @torch_only

@@ -96,5 +96,10 @@ class TorchOps(BackendOps):
             key_mask=key_mask, scale=scale,
         )
 
+    def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
+        from keras_longattn.kernels.torch import strided
+
+        return strided.strided_attention_eager(q, k, v, stride, causal, window_heads, scale)
+
 
 OPS = TorchOps()

@@ -114,7 +114,7 @@ def band_attention(query, key, value, look_back, look_ahead, block_size=None,
     b = int(block_size) if block_size else default_block_size(look_back, look_ahead)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    query, key, value = (t.contiguous() for t in (query, key, value))
+    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
     if key_mask is not None:
         key_mask = torch.as_tensor(key_mask, device=query.device).to(torch.bool)
         key_mask = key_mask.expand(query.shape[0], query.shape[1]).contiguous()
@@ -179,13 +179,13 @@ def _bias(rel, look_back, look_ahead):
 def _calls(plan, q, k, v, key_valid):
     """The kernel calls of one example: ``(kind, where, qv, kv, vv, bias)``.
 
-    ``q``/``k``/``v`` ``(T, H, d)`` of one example; ``key_valid`` None or
-    boolean ``(T,)``. Views only; the bias is shared unless keys are padded.
+    ``q``/``k``/``v`` ``(T, H, d)`` of one example (any strides, the last
+    one 1); ``key_valid`` None or boolean ``(T,)``. Views only; the bias is
+    shared unless keys are padded.
     """
-    T, H, d = q.shape
     b, C = plan.b, plan.C
     for first, count in plan.groups:
-        qv = q[first * b:(first + count) * b].view(count, b, H, d).transpose(1, 2)
+        qv = _blocks(q, first, count, b).transpose(1, 2)
         start = (first - plan.before) * b
         kv = _overlapping(k, count, C, b, start)
         vv = _overlapping(v, count, C, b, start)
@@ -207,11 +207,20 @@ def _calls(plan, q, k, v, key_valid):
                k[lo:hi].transpose(0, 1)[None], v[lo:hi].transpose(0, 1)[None], bias)
 
 
-def _overlapping(x, count, C, b, start):
-    """``count`` windows of ``C`` positions of ``x`` ``(T, H, d)`` (contiguous),
-    window ``g`` starting at ``start + g * b``: ``(count, C, H, d)``, a view."""
+def _blocks(x, first, count, b):
+    """Blocks ``first .. first + count - 1`` of ``b`` positions of ``x``
+    ``(T, ...)``: ``(count, b, ...)``, a view."""
     row = x.stride(0)
-    return x.as_strided((count, C) + tuple(x.shape[1:]), (b * row, row) + x.stride()[1:],
+    return x.as_strided((count, b) + tuple(x.shape[1:]), (b * row,) + x.stride(),
+                        x.storage_offset() + first * b * row)
+
+
+def _overlapping(x, count, C, b, start):
+    """``count`` windows of ``C`` positions of ``x`` ``(T, H, d)``, window
+    ``g`` starting at position ``start + g * b``: ``(count, C, H, d)``, a
+    view whose windows overlap."""
+    row = x.stride(0)
+    return x.as_strided((count, C) + tuple(x.shape[1:]), (b * row,) + x.stride(),
                         x.storage_offset() + start * row)
 
 
@@ -223,10 +232,56 @@ def _rows(plan, kind, where):
     return where[0], where[1]
 
 
-def _as_rows(x, kind):
-    """A call's ``(G, H, b, d)`` result as ``(G * b, H, d)`` positions."""
-    x = x.transpose(1, 2)
-    return x.reshape(-1, x.shape[2], x.shape[3])
+def _call_view(x, plan, kind, where):
+    """The rows of a call in ``x`` ``(T, H, ...)``, laid out as the kernel's
+    ``(G, H, b, ...)``."""
+    start, stop = _rows(plan, kind, where)
+    if kind == "group":
+        return _blocks(x, where[0], where[1], plan.b).transpose(1, 2)
+    return x[start:stop].transpose(0, 1)[None]
+
+
+def band_forward(plan, query, key, value, key_mask, scale, out, lse):
+    """Writes the band attention of ``(B, T, H, d)`` views into ``out``
+    ``(B, T, H, d)`` and its log-sum-exp into ``lse`` ``(B, T, H)``; returns
+    the boolean ``(B, T, H)`` of the queries that see no key (their output
+    is zeroed), or None when every query sees one."""
+    for e in range(query.shape[0]):
+        valid = None if key_mask is None else key_mask[e]
+        for kind, where, qv, kv, vv, bias in _calls(plan, query[e], key[e], value[e], valid):
+            o, l = _flash(qv, kv, vv, 0.0, False, attn_mask=bias, scale=scale)
+            _call_view(out[e], plan, kind, where).copy_(o)
+            _call_view(lse[e], plan, kind, where).copy_(l)
+    if key_mask is None:
+        return None
+    dead = lse < DEAD_LSE
+    if not bool(dead.any()):
+        return None
+    out.masked_fill_(dead[..., None], 0.0)
+    return dead
+
+
+def band_backward(plan, query, key, value, key_mask, scale, out, lse, grad_out, dq, dk, dv):
+    """Gradients of :func:`band_forward`: writes ``dq`` and adds onto ``dk``
+    and ``dv`` (all ``(B, T, H, d)`` views); ``grad_out`` must be zero where
+    a query sees no key."""
+    for e in range(query.shape[0]):
+        valid = None if key_mask is None else key_mask[e]
+        for kind, where, qv, kv, vv, bias in _calls(plan, query[e], key[e], value[e], valid):
+            go = _call_view(grad_out[e], plan, kind, where)
+            ov = _call_view(out[e], plan, kind, where)
+            lv = _call_view(lse[e], plan, kind, where)
+            gq, gk, gv = _flash_backward(go, qv, kv, vv, ov, lv, 0.0, False,
+                                         attn_mask=bias, scale=scale)
+            _call_view(dq[e], plan, kind, where).copy_(gq)
+            if kind == "group":
+                first, count = where
+                _fold(dk[e], gk, first - plan.before, count, plan.b)
+                _fold(dv[e], gv, first - plan.before, count, plan.b)
+            else:
+                lo, hi = where[2], where[3]
+                dk[e, lo:hi] += gk[0].transpose(0, 1)
+                dv[e, lo:hi] += gv[0].transpose(0, 1)
 
 
 class _BandAttention(torch.autograd.Function):
@@ -234,22 +289,9 @@ class _BandAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, key_mask, plan, scale):
         B, T, H, d = query.shape
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        out = torch.empty((B, T, H, d), dtype=query.dtype)
         lse = torch.empty((B, T, H), dtype=torch.float32)
-        for e in range(B):
-            valid = None if key_mask is None else key_mask[e]
-            for kind, where, qv, kv, vv, bias in _calls(plan, query[e], key[e], value[e], valid):
-                o, l = _flash(qv, kv, vv, 0.0, False, attn_mask=bias, scale=scale)
-                start, stop = _rows(plan, kind, where)
-                out[e, start:stop] = _as_rows(o, kind)
-                lse[e, start:stop] = l.transpose(1, 2).reshape(-1, H)
-        dead = None
-        if key_mask is not None:
-            dead = lse < DEAD_LSE  # (B, T, H): queries that see no key
-            if bool(dead.any()):
-                out.masked_fill_(dead[..., None], 0.0)
-            else:
-                dead = None
+        dead = band_forward(plan, query, key, value, key_mask, scale, out, lse)
         ctx.save_for_backward(query, key, value, out, lse, key_mask)
         ctx.plan, ctx.scale, ctx.dead = plan, scale, dead
         return out
@@ -257,39 +299,14 @@ class _BandAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, lse, key_mask = ctx.saved_tensors
-        plan, scale = ctx.plan, ctx.scale
-        B, T, H, d = query.shape
         grad_out = grad_out.contiguous()
         if ctx.dead is not None:
             grad_out = grad_out.masked_fill(ctx.dead[..., None], 0.0)
         dq = torch.empty_like(out)
         dk = torch.zeros_like(out)
         dv = torch.zeros_like(out)
-        b = plan.b
-        for e in range(B):
-            valid = None if key_mask is None else key_mask[e]
-            for kind, where, qv, kv, vv, bias in _calls(plan, query[e], key[e], value[e], valid):
-                start, stop = _rows(plan, kind, where)
-                if kind == "group":
-                    count = where[1]
-                    go = grad_out[e, start:stop].view(count, b, H, d).transpose(1, 2)
-                    ov = out[e, start:stop].view(count, b, H, d).transpose(1, 2)
-                    lv = lse[e, start:stop].view(count, b, H).transpose(1, 2)
-                else:
-                    go = grad_out[e, start:stop].transpose(0, 1)[None]
-                    ov = out[e, start:stop].transpose(0, 1)[None]
-                    lv = lse[e, start:stop].transpose(0, 1)[None]
-                gq, gk, gv = _flash_backward(go, qv, kv, vv, ov, lv, 0.0, False,
-                                             attn_mask=bias, scale=scale)
-                dq[e, start:stop] = _as_rows(gq, kind)
-                if kind == "group":
-                    first, count = where
-                    _fold(dk[e], gk, first - plan.before, count, b)
-                    _fold(dv[e], gv, first - plan.before, count, b)
-                else:
-                    lo, hi = where[2], where[3]
-                    dk[e, lo:hi] += gk[0].transpose(0, 1)
-                    dv[e, lo:hi] += gv[0].transpose(0, 1)
+        band_backward(ctx.plan, query, key, value, key_mask, ctx.scale, out, lse, grad_out,
+                      dq, dk, dv)
         return dq, dk, dv, None, None, None
 
 
@@ -297,9 +314,6 @@ def _fold(target, band, first_block, count, b):
     """Adds the band gradients ``(G, H, C, d)`` of ``count`` consecutive
     blocks onto ``target`` ``(T, H, d)``: block ``g``'s ``C`` keys start at
     position ``(first_block + g) * b``."""
-    H, d = target.shape[1], target.shape[2]
-    spans = band.shape[2] // b
-    for s in range(spans):
-        start = (first_block + s) * b
+    for s in range(band.shape[2] // b):
         part = band[:, :, s * b:(s + 1) * b].transpose(1, 2)  # (G, b, H, d)
-        target[start:start + count * b].view(count, b, H, d).add_(part)
+        _blocks(target, first_block + s, count, b).add_(part)
