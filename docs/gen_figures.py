@@ -61,6 +61,11 @@ BENCHMARK_SOURCES = (
     (DOCS / "benchmarks" / "results.json", "committed"),
     (ROOT / "build" / "benchmarks" / "latest.json", "local"),
 )
+#: Committed memory-per-token runs of LocalAttention on torch (n = 16K .. 1M,
+#: forward and backward of the attention alone), drawn on the benchmark page
+#: when present: benchmark JSON, one run or several merged.
+MEMORY_CURVE_SOURCE = DOCS / "benchmarks" / "memory_per_token.json"
+MEMORY_PLOT_NAME = "memory_per_token.png"
 NOTEBOOKS_SRC = ROOT / "notebooks"
 NOTEBOOKS_BUILD = ROOT / "build" / "notebooks"
 #: Committed full-size runs (``keras-longattn reproduce <slug> --full
@@ -650,6 +655,8 @@ def benchmark_page(document, source: Path | None, kind: str | None,
             f"ratio, because `{baseline}` was not run at that backend, length and mode, "
             "or did not complete there.\n\n")
     parts.append(results + benchmark_tables(rows, baseline))
+    parts.append(efficiency_section(rows))
+    parts.append(memory_curve_section(memory_curve_document(), assets))
     notes = [r for r in rows if r.get("status") != "ok"]
     if notes:
         parts.append("\n## Configurations that did not complete\n\n" + "\n".join(
@@ -659,12 +666,111 @@ def benchmark_page(document, source: Path | None, kind: str | None,
     return "".join(parts)
 
 
+EFFICIENCY_NOTE = (
+    "Useful FLOPs count the two products of attention over the (query, key) pairs "
+    "the mechanism allows, nothing else (one multiply-add = 2 FLOPs): `2 P (d + dv)` "
+    "forward and `6 P (d + dv)` forward and backward, with `P` the allowed pairs summed "
+    "over heads and batch (with `scope=layer` the four projections are added). Masked "
+    "pairs a path computes anyway, softmax and the recomputation of scores in a backward "
+    "pass do not count. The peak is the fastest of five float32 4096 x 4096 matrix "
+    "products timed in the same worker, on the same backend and threads, right after "
+    "the layer's calls (`--efficiency`). Definitions per layer: "
+    "`keras_longattn.benchmarks.efficiency`."
+)
+
+
+def efficiency_section(rows) -> str:
+    """The useful-FLOP throughput of the rows that have it, as markdown (empty
+    when no row has one)."""
+    chosen = [r for r in rows if r.get("status") == "ok"
+              and isinstance(r.get("useful_gflops_per_s"), (int, float))]
+    if not chosen:
+        return ""
+    lines = ["| layer | backend | n | mode | useful GFLOP | GFLOP/s | matmul peak GFLOP/s "
+             "| of peak |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    for r in sorted(chosen, key=lambda r: (str(r.get("backend")), str(r.get("mode")),
+                                           r.get("seq_len") or 0, str(r.get("layer")))):
+        fraction = r.get("peak_fraction")
+        lines.append(
+            f"| `{r.get('layer')}` | {r.get('backend')} | {r.get('seq_len'):,} | "
+            f"{r.get('mode')} | {_num(r.get('useful_gflop'))} | "
+            f"{_num(r.get('useful_gflops_per_s'))} | {_num(r.get('matmul_peak_gflops'))} | "
+            + (DASH if not isinstance(fraction, (int, float)) else f"{100 * fraction:.0f}%")
+            + " |")
+    return ("\n## Useful-FLOP throughput\n\n" + EFFICIENCY_NOTE + "\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def memory_curve_document(path: Path = MEMORY_CURVE_SOURCE):
+    """The committed memory-per-token runs, or None."""
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def memory_curve_section(document, assets: Path | None) -> str:
+    """Peak memory per token against n (figure and table) of the committed
+    memory runs, as markdown; empty without them."""
+    if document is None:
+        return ""
+    rows = [r for r in document.get("results") or []
+            if r.get("status") == "ok" and isinstance(r.get("peak_memory_bytes"), (int, float))
+            and isinstance(r.get("seq_len"), int)]
+    if not rows:
+        return ""
+    layers = sorted({str(r.get("layer")) for r in rows})
+    lines = ["| layer | n | peak MiB | bytes per token | median s |",
+             "|---|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (str(r.get("layer")), r["seq_len"])):
+        per_token = r["peak_memory_bytes"] / r["seq_len"]
+        lines.append(f"| `{r.get('layer')}` | {r['seq_len']:,} | "
+                     f"{_num(r['peak_memory_bytes'] / MIB)} | {per_token:,.0f} | "
+                     f"{_num((r.get('median_ms') or float('nan')) / 1e3)} |")
+    figure = ""
+    if assets is not None:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for layer in layers:
+            points = sorted((r for r in rows if str(r.get("layer")) == layer),
+                            key=lambda r: r["seq_len"])
+            ax.plot([r["seq_len"] for r in points],
+                    [r["peak_memory_bytes"] / r["seq_len"] / 1024 for r in points],
+                    marker="o", label=layer)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length n")
+        ax.set_ylabel("peak memory per token (KiB)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("forward + backward, attention alone, torch (CPU)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = assets / MEMORY_PLOT_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        rel = os.path.relpath(f"{BENCHMARK_ASSETS_URI}/{MEMORY_PLOT_NAME}",
+                              os.path.dirname(BENCHMARK_PAGE_URI) or ".").replace(os.sep, "/")
+        figure = f"![Peak memory per token against sequence length]({rel})\n\n"
+    settings = _setting_lines(document, rows)
+    return (
+        "\n## Memory per token up to one million tokens\n\n"
+        "Peak memory (increase of the worker's peak RSS over the inputs and weights) "
+        "divided by the sequence length, for `LocalAttention` (window 256, causal) "
+        "forward and backward of the attention alone (`--scope attention`), B = 1, "
+        "H = 4, d = 64, on torch. Source: "
+        f"`{_relative(MEMORY_CURVE_SOURCE)}`."
+        + (f" {document['note']}" if document.get("note") else "") + "\n\n" + figure + "\n".join(lines) + "\n\n"
+        + "\n".join(settings) + "\n")
+
+
 def generate_benchmarks(page: Path, assets: Path, sources=BENCHMARK_SOURCES) -> Path:
     """Writes the benchmark page ``page`` and its plot into ``assets``."""
     document, source, kind = find_benchmark(sources)
-    stale = assets / BENCHMARK_PLOT_NAME
-    if stale.exists():
-        stale.unlink()
+    for name in (BENCHMARK_PLOT_NAME, MEMORY_PLOT_NAME):
+        stale = assets / name
+        if stale.exists():
+            stale.unlink()
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(benchmark_page(document, source, kind, assets), encoding="utf-8")
     if source is None:

@@ -138,6 +138,8 @@ def step_key(step: str, gen, root: Path) -> str:
         key.value("source", (str(source), kind))
         if source is not None:
             key.file(source)
+        if gen.MEMORY_CURVE_SOURCE.is_file():
+            key.file(gen.MEMORY_CURVE_SOURCE)
     elif step == "notebooks":
         key.files(gen.NOTEBOOKS_SRC, "*.ipynb")
         key.files(gen.NOTEBOOKS_BUILD, "*.ipynb")

@@ -25,6 +25,7 @@ from .config import (
     parse_option,
 )
 from .progress import make_progress
+from .efficiency import format_efficiency
 from .report import print_table
 from .runner import DEFAULT_OUTPUT_DIR, run_benchmark
 
@@ -127,6 +128,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "(default), or only the attention between the projections "
                            "(BaseAttention.attend on projected heads; keras_longattn "
                            "layers only)")
+    what.add_argument("--efficiency", action="store_true",
+                      help="also time a 4096x4096 float32 matmul in every worker and "
+                           "report each row's useful-FLOP throughput as a fraction of it "
+                           "(keras_longattn.benchmarks.efficiency)")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                       type=_argument_type(parse_option, "--option"),
                       help="layer constructor argument set in the layer configs, "
@@ -198,6 +203,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
             seed=args.seed,
             output_dir=args.output_dir,
             progress=make_progress(not args.quiet, use_rich=use_rich),
+            efficiency=args.efficiency,
         )
     except BenchmarkArgumentError as exc:
         if parser is not None:
@@ -211,6 +217,8 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
         print("interrupted", file=sys.stderr)
         return 130
     print_table(results, file=sys.stdout, use_rich=use_rich)
+    if args.efficiency:
+        print("\n" + format_efficiency(results), file=sys.stdout)
     for key in ("json", "csv"):
         if key in results.paths:
             print(f"{key.upper()}: {results.paths[key]}", file=sys.stderr)

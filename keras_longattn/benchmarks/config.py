@@ -404,6 +404,9 @@ class BenchmarkConfig:
     baseline: str | None = "full"
     seed: int = 0
     layer_specs: dict[str, dict] = field(default_factory=dict)
+    #: Time a float32 matmul in every worker: the peak of the efficiency
+    #: columns (keras_longattn.benchmarks.efficiency).
+    efficiency: bool = False
 
     @classmethod
     def create(
@@ -426,6 +429,7 @@ class BenchmarkConfig:
         tf_jit: bool = True,
         baseline: Any = "full",
         seed: int = 0,
+        efficiency: bool = False,
     ) -> "BenchmarkConfig":
         """Parse and validate; the baseline layer is put first in ``layers``.
 
@@ -487,6 +491,7 @@ class BenchmarkConfig:
             baseline=baseline_label,
             seed=_positive_int("seed", seed, minimum=0),
             layer_specs={spec.label: spec.to_dict() for spec in specs},
+            efficiency=bool(efficiency),
         )
         config._check_layer_specs()
         return config

@@ -81,6 +81,10 @@ CSV_COLUMNS = (
     "options",
     "wall_s",
     "message",
+    "useful_gflop",
+    "useful_gflops_per_s",
+    "matmul_peak_gflops",
+    "peak_fraction",
 )
 
 _DASH = "\u2014"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .config import MODES, BenchmarkArgumentError, BenchmarkConfig
+from .efficiency import annotate as annotate_efficiency
 from .layer_config import check_specs
 from .progress import Progress, make_progress
 from .report import compute_ratios, write_reports
@@ -453,6 +454,7 @@ def plan_jobs(config: BenchmarkConfig) -> list[dict[str, Any]]:
                         "options": config.layer_options(layer),
                         "tf_jit": config.tf_jit,
                         "seed": config.seed,
+                        "efficiency": config.efficiency,
                     })
     return jobs
 
@@ -645,6 +647,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
     finally:
         progress.close()
     compute_ratios(rows, config.baseline)
+    annotate_efficiency(rows)
     metadata["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     metadata["interrupted"] = False
     return BenchmarkResults(rows, config, metadata)
@@ -672,6 +675,7 @@ def run_benchmark(
     scope: str = "layer",
     output_dir: str | os.PathLike | None = None,
     progress: bool | Progress = False,
+    efficiency: bool = False,
 ) -> BenchmarkResults:
     """Benchmark layers; every configuration runs in a fresh subprocess.
 
@@ -716,6 +720,10 @@ def run_benchmark(
         output_dir: when given, write the JSON and CSV reports there.
         progress: ``True`` for the progress display on stderr, or a
             :class:`~keras_longattn.benchmarks.progress.Progress`.
+        efficiency: also time a float32 matmul in every worker, the peak
+            against which rows report their useful-FLOP throughput
+            (:mod:`~keras_longattn.benchmarks.efficiency`; the throughput
+            itself is always reported where the layer has a definition).
 
     Returns:
         One dict per configuration (see :mod:`keras_longattn.benchmarks.report`),
@@ -732,6 +740,7 @@ def run_benchmark(
         num_heads=num_heads, head_dim=head_dim, window=window, causal=causal,
         repeats=repeats, warmup=warmup, timeout=timeout, memory_limit_gb=memory_limit_gb,
         options=options, tf_jit=tf_jit, baseline=baseline, seed=seed, scope=scope,
+        efficiency=efficiency,
     )
     if isinstance(progress, Progress):
         display = progress

@@ -95,6 +95,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "options": {},
     "tf_jit": True,
     "seed": 0,
+    "efficiency": False,
 }
 
 _OOM_PATTERNS = (
@@ -618,6 +619,11 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         else:
             result["memory_method"] = host.method
             result["peak_memory_bytes"] = host.increase()
+        if config["efficiency"]:
+            stage = "matmul peak"
+            from .efficiency import measure_matmul_peak
+
+            result["matmul_peak_gflops"] = measure_matmul_peak(backend)
         result.update(
             status="ok",
             times_ms=times,

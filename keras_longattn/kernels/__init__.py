@@ -22,6 +22,12 @@ backend without its own entry gets):
   sorted-chunk attention should hold at most (None: no limit);
 * ``compile(fn, static_argnames)``: the backend's compile policy for a
   kernel made of many small operations (:func:`compiled` applies it);
+* ``band_attention(q, k, v, look_back, look_ahead, block_size, key_mask,
+  scale)``: exact sliding-window attention by a backend kernel, where
+  ``band_attention_refusal(dtype, query_length, key_length, key_dim,
+  value_dim)`` is None (the
+  portable table has none: it refuses every call); ``strided_attention``
+  likewise, for the Sparse Transformer's strided pattern;
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
@@ -89,6 +95,27 @@ class BackendOps:
     def compile(self, fn, static_argnames=()):
         """The compiled form of ``fn`` (here: ``fn`` itself)."""
         return fn
+
+    def band_attention_refusal(self, dtype, query_length, key_length, key_dim, value_dim):
+        """Why :meth:`band_attention` cannot run a call of this compute
+        ``dtype``, these lengths and head sizes (None: it can)."""
+        return f"no band-attention kernel on the {self.name} backend"
+
+    def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
+                       key_mask=None, scale=None):
+        """Exact sliding-window attention (keys ``i - look_back .. i +
+        look_ahead``) of ``(B, T, H, d)`` heads by a backend kernel; a query
+        that sees no key gets zeros. Only where
+        :meth:`band_attention_refusal` is None."""
+        raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
+
+    def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
+        """The Sparse Transformer's strided pattern (heads ``[0,
+        window_heads)`` a window of ``stride`` keys, the others every
+        ``stride``-th key) of ``(B, T, H, d)`` heads, ``T`` a multiple of
+        ``stride``, no padding, by a backend kernel; only where
+        :meth:`band_attention_refusal` is None."""
+        raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
 
 
 _TABLES = {}

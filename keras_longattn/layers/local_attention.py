@@ -5,6 +5,7 @@ import keras
 
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
+from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 
@@ -41,7 +42,11 @@ class LocalAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"`` or ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``
+            or ``"reference"``; ``"band_kernel"`` is the backend's own
+            band kernel, PyTorch on the CPU only, float32, equal query and
+            key lengths: the flash kernel on overlapping views of the keys,
+            preferred by ``"auto"`` there).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -108,6 +113,30 @@ class LocalAttention(BaseAttention):
     def _blocked(self, query, key, value, context):
         """Band attention over blocks, explicit einsums and softmax."""
         return self._band(query, key, value, context, fused=False)
+
+    @implementation("band_kernel", kind="fused", dropout=False)
+    def _band_kernel(self, query, key, value, context):
+        """The backend's band-attention kernel (PyTorch on the CPU: the flash
+        kernel on overlapping views of the keys, see
+        ``keras_longattn/kernels/torch/band.py``)."""
+        look_back, look_ahead = self.extents(context.causal)
+        return backend_ops().band_attention(
+            query,
+            key,
+            value,
+            look_back,
+            look_ahead,
+            block_size=self.block_size,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_band_kernel.refuses
+    def _band_kernel(self, context):
+        return backend_ops().band_attention_refusal(
+            self.compute_dtype, context.query_length, context.key_length,
+            self.key_dim, self.value_dim or self.key_dim,
+        )
 
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.kernels import backend_ops as la_backend_ops
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
@@ -62,7 +63,11 @@ class SparseAttention(BaseAttention):
         ``keras.ops.dot_product_attention`` (PyTorch's fused
         ``scaled_dot_product_attention``; preferred by ``"auto"`` on the
         torch backend, ``"blocked"`` elsewhere; not for ``"merged"`` or
-        attention dropout in training). ``"reference"``: dense attention under each head's
+        attention dropout in training). ``"band_kernel"``: ``"blocked_fused"``
+        with the strided pattern's window part on the backend's band kernel
+        (PyTorch on the CPU, float32, equal lengths, ``value_dim ==
+        key_dim``; preferred by ``"auto"`` there; strided, not
+        ``"merged"`` or ``"second"``). ``"reference"``: dense attention under each head's
         pattern, O(T * S); also used for ``return_attention_scores``.
 
     Args:
@@ -98,7 +103,8 @@ class SparseAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"`` or ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``
+            or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -265,6 +271,38 @@ class SparseAttention(BaseAttention):
         """The block-sparse layouts with explicit einsums and softmax."""
         return self._block_sparse(query, key, value, context, fused=False)
 
+    @implementation("band_kernel", kind="fused", dropout=False)
+    def _band_kernel(self, query, key, value, context):
+        """``"blocked_fused"`` with strided part A (a sliding window) on the
+        backend's band-attention kernel (PyTorch on the CPU, see
+        ``keras_longattn/kernels/torch/band.py``)."""
+        T = context.query_length
+        l = self.resolve_block_length(la_ops.shapes.larger(T, context.key_length))
+        if context.padding.key_mask is None and isinstance(T, int) and T % l == 0:
+            # Both parts in one kernel call each, on views of the inputs.
+            heads = self.num_heads
+            window_heads = (
+                la_sparse.multihead_split(heads) if self.combination == "multihead" else heads
+            )
+            return la_backend_ops().strided_attention(
+                query, key, value, l, context.causal, window_heads,
+                self._inverse_sqrt_key_dim,
+            )
+        return self._block_sparse(query, key, value, context, fused=True, band_kernel=True)
+
+    @_band_kernel.refuses
+    def _band_kernel(self, context):
+        if self.pattern != "strided":
+            return "the band kernel serves the strided pattern's window"
+        if self.combination == "merged":
+            return "combination='merged' needs each part's log-sum-exp"
+        if self.combination == "second":
+            return "combination='second' has no window part"
+        return la_backend_ops().band_attention_refusal(
+            self.compute_dtype, context.query_length, context.key_length,
+            self.key_dim, self.value_dim,
+        )
+
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``."""
@@ -276,7 +314,7 @@ class SparseAttention(BaseAttention):
             return "combination='merged' needs each part's log-sum-exp"
         return None
 
-    def _block_sparse(self, query, key, value, context, fused):
+    def _block_sparse(self, query, key, value, context, fused, band_kernel=False):
         T, S = context.query_length, context.key_length
         l = self.resolve_block_length(la_ops.shapes.larger(T, S))
         c = self.resolve_summary_width(l)
@@ -298,6 +336,7 @@ class SparseAttention(BaseAttention):
                 scale=scale,
                 dropout_fn=None if fused else dropout_fn,
                 fused=fused,
+                band_kernel=band_kernel,
             )
 
         if self.remat:

@@ -41,6 +41,7 @@ import numpy as np
 from keras import ops
 
 from keras_longattn._validation import positive_int as _check_positive_int
+from keras_longattn.kernels import backend_ops
 from keras_longattn.ops.blocked import band_blocks
 from keras_longattn.ops.blocked import band_part
 from keras_longattn.ops.blocked import fused_blocks
@@ -249,6 +250,7 @@ def sparse_attention(
     scale=None,
     dropout_fn=None,
     fused=False,
+    band_kernel=False,
 ):
     """Sparse Transformer attention computed block-sparsely.
 
@@ -284,6 +286,11 @@ def sparse_attention(
             summaries up to their own end (about 56% of the summary scores
             with causal attention). Same result; no dropout; not with
             ``combination="merged"``, which needs each part's log-sum-exp.
+        band_kernel: with ``fused=True`` and ``pattern="strided"``, compute
+            part A (a sliding window of ``l`` keys) with the backend table's
+            ``band_attention`` kernel instead of band blocks (where
+            ``keras_longattn.kernels.backend_ops().band_attention_refusal``
+            is None: PyTorch on the CPU, float32).
 
     Returns:
         ``(B, T, H, dv)``. Queries with no visible key get zeros.
@@ -339,6 +346,13 @@ def sparse_attention(
             after = 0 if causal else before
         else:
             before = after = 0
+        if fused and band_kernel and pattern == "strided":
+            # Queries are already scaled; padded keys are masked by `valid`.
+            return backend_ops().band_attention(
+                q, k, v, l - 1, 0 if causal else l - 1, block_size=l,
+                key_mask=None if all_valid else valid,
+                scale=1.0,
+            ), None
         if fused:
             if pattern == "fixed" and all_valid:
                 return _fused_fixed_blocks(q, k, v, l, causal), None

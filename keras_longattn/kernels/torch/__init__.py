@@ -81,5 +81,25 @@ class TorchOps(BackendOps):
 
         return run
 
+    # Sliding-window attention on the CPU flash kernel (kernels/torch/band.py).
+    def band_attention_refusal(self, dtype, query_length, key_length, key_dim, value_dim):
+        from keras_longattn.kernels.torch import band
+
+        return band.refusal(dtype, query_length, key_length, key_dim, value_dim)
+
+    def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
+                       key_mask=None, scale=None):
+        from keras_longattn.kernels.torch import band
+
+        return band.band_attention_eager(
+            q, k, v, look_back, look_ahead, block_size=block_size,
+            key_mask=key_mask, scale=scale,
+        )
+
+    def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
+        from keras_longattn.kernels.torch import strided
+
+        return strided.strided_attention_eager(q, k, v, stride, causal, window_heads, scale)
+
 
 OPS = TorchOps()

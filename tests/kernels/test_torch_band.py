@@ -1,0 +1,242 @@
+"""The PyTorch band-attention kernel (``kernels/torch/band.py``) against the
+dense reference: values and gradients, causal and bidirectional, padding,
+lengths that are not multiples of the block, several kernel calls per
+sequence. On the other backends: the ``"band_kernel"`` path refuses."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import SparseAttention
+from keras_longattn.testing import AttentionLayerConformance
+
+ON_TORCH = keras.backend.backend() == "torch"
+torch_only = pytest.mark.skipif(not ON_TORCH, reason="PyTorch kernel")
+
+
+@torch_only
+class TestLocalAttentionBandKernel(AttentionLayerConformance):
+    layer_cls = LocalAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6}
+    implementation = "band_kernel"
+    reference_lengths = (5, 16, 37, 2048)
+    # float32 only: mixed precision runs another path.
+    supports_mixed_precision = False
+
+
+@torch_only
+class TestLocalAttentionBandKernelExtents(AttentionLayerConformance):
+    """Unequal extents and a block size that divides neither."""
+
+    layer_cls = LocalAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "look_back": 9, "look_ahead": 3,
+                   "block_size": 5}
+    implementation = "band_kernel"
+    reference_lengths = (3, 23, 64)
+    supports_mixed_precision = False
+
+
+@torch_only
+class TestSparseStridedBandKernel(AttentionLayerConformance):
+    """Strided multihead: both parts on the kernel when the length is a
+    multiple of the stride and nothing is padded, else the window part only
+    (lengths 16 and 2048 take the first way, 37 and padded calls the second)."""
+
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 4, "key_dim": 8, "pattern": "strided", "block_length": 4}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 2048)
+    supports_mixed_precision = False
+
+
+@torch_only
+class TestSparseStridedFirstBandKernel(AttentionLayerConformance):
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided", "block_length": 8,
+                   "combination": "first"}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 64)
+    supports_mixed_precision = False
+
+
+def _dense(q, k, v, look_back, look_ahead, key_mask, scale):
+    """Dense masked softmax attention in float64 torch (the specification)."""
+    import torch
+
+    T = q.shape[1]
+    pos = torch.arange(T)
+    rel = pos[None, :] - pos[:, None]  # key - query
+    allowed = (rel >= -look_back) & (rel <= look_ahead)  # (T, S)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+    s = torch.einsum("bhtd,bhsd->bhts", q, k) * scale
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)  # rows that see no key
+    out = torch.einsum("bhts,bhsd->bhtd", p, v)
+    return out.transpose(1, 2)
+
+
+CASES = [
+    # (B, T, look_back, look_ahead, block_size, padded)
+    (1, 64, 15, 0, None, False),
+    (2, 100, 15, 0, 8, False),
+    (2, 100, 7, 7, None, True),
+    (1, 77, 9, 3, 5, True),
+    (2, 33, 40, 0, None, False),  # window longer than the sequence
+    (1, 130, 0, 0, 16, False),  # the position itself only
+    (3, 50, 4, 11, 4, True),
+]
+
+
+@torch_only
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("small_calls", [False, True])
+def test_kernel_equals_dense_reference(case, small_calls, monkeypatch):
+    import torch
+
+    from keras_longattn.kernels.torch import band
+
+    if small_calls:  # many groups and edge segments per sequence
+        monkeypatch.setattr(band, "MAX_BAND_ELEMENTS", 1 << 11)
+    B, T, look_back, look_ahead, block_size, padded = case
+    H, d = 2, 8
+    gen = torch.Generator().manual_seed(T + look_back)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen, requires_grad=True) for _ in range(3))
+    key_mask = None
+    if padded:
+        key_mask = torch.rand(B, T, generator=gen) > 0.3
+        key_mask[0, : T // 2] = False  # early queries of a causal band see nothing
+    scale = 0.3
+    out = band.band_attention(q, k, v, look_back, look_ahead, block_size=block_size,
+                              key_mask=key_mask, scale=scale)
+    ref = _dense(q, k, v, look_back, look_ahead, key_mask, scale)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window_heads", [0, 1, 2, 3])
+def test_strided_kernel_equals_dense_reference(causal, window_heads):
+    """Head by head: a window of ``l`` keys for the first heads, every
+    ``l``-th key for the others; inputs are head slices (strided views)."""
+    import torch
+
+    from keras_longattn.kernels.torch import strided
+
+    B, T, H, d, l = 2, 48, 3, 8, 6
+    gen = torch.Generator().manual_seed(window_heads)
+    wide = [torch.randn(B, T, 2 * H, d, generator=gen) for _ in range(3)]
+    q, k, v = (w[:, :, ::2].requires_grad_(True) for w in wide)
+    out = strided.strided_attention(q, k, v, l, causal, window_heads, 0.4)
+    pos = torch.arange(T)
+    rel = pos[None, :] - pos[:, None]
+    window = (rel > -l) & ((rel <= 0) if causal else (rel < l))
+    column = (rel % l == 0) & ((rel <= 0) if causal else torch.ones_like(window))
+    refs = []
+    for h in range(H):
+        allowed = window if h < window_heads else column
+        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * 0.4
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
+    ref = torch.stack(refs, dim=2)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+def test_strided_kernel_rejects_a_stride_that_does_not_divide():
+    import torch
+
+    from keras_longattn.kernels.torch import strided
+
+    q = torch.randn(1, 10, 2, 4)
+    with pytest.raises(ValueError, match="stride=3"):
+        strided.strided_attention(q, q, q, 3, True, 1, 0.5)
+
+
+@torch_only
+def test_future_tokens_do_not_change_causal_outputs():
+    """Causality by perturbation: changing positions > t leaves outputs <= t."""
+    import torch
+
+    from keras_longattn.kernels.torch import band
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 90, 2, 8, generator=gen) for _ in range(3))
+    out = band.band_attention(q, k, v, 20, 0, block_size=16)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 50:] += 3.0
+    v2[:, 50:] -= 2.0
+    out2 = band.band_attention(q, k2, v2, 20, 0, block_size=16)
+    np.testing.assert_array_equal(out[:, :50].numpy(), out2[:, :50].numpy())
+    assert not np.allclose(out[:, 50:].numpy(), out2[:, 50:].numpy())
+
+
+@torch_only
+def test_padded_keys_do_not_change_outputs():
+    import torch
+
+    from keras_longattn.kernels.torch import band
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 61, 2, 8, generator=gen) for _ in range(3))
+    key_mask = torch.ones(2, 61, dtype=torch.bool)
+    key_mask[:, 40:] = False
+    out = band.band_attention(q, k, v, 7, 7, key_mask=key_mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 40:] = 100.0
+    v2[:, 40:] = -100.0
+    out2 = band.band_attention(q, k2, v2, 7, 7, key_mask=key_mask)
+    np.testing.assert_allclose(out.numpy(), out2.numpy(), rtol=0, atol=1e-6)
+
+
+@torch_only
+def test_kernel_rejects_bad_input_with_the_value():
+    import torch
+
+    from keras_longattn.kernels.torch import band
+
+    q = torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="look_back=-1"):
+        band.band_attention(q, q, q, -1, 0)
+    with pytest.raises(ValueError, match="float32"):
+        band.band_attention(q.double(), q.double(), q.double(), 2, 0)
+    with pytest.raises(ValueError, match="lengths differ"):
+        band.band_attention(q, q[:, :5], q[:, :5], 2, 0)
+
+
+@torch_only
+def test_auto_prefers_the_kernel_on_torch_in_float32():
+    x = np.random.default_rng(0).standard_normal((1, 40, 16)).astype("float32")
+    layer = LocalAttention(num_heads=2, key_dim=8, window=8)
+    layer(x, x, use_causal_mask=True)
+    assert layer.last_implementation == "band_kernel"
+    half = LocalAttention(num_heads=2, key_dim=8, window=8, dtype="mixed_bfloat16")
+    half(x, x, use_causal_mask=True)
+    assert half.last_implementation != "band_kernel"
+
+
+@pytest.mark.skipif(ON_TORCH, reason="the refusal of the other backends")
+def test_other_backends_refuse_the_band_kernel():
+    x = np.random.default_rng(0).standard_normal((1, 12, 16)).astype("float32")
+    layer = LocalAttention(num_heads=2, key_dim=8, window=4, implementation="band_kernel")
+    with pytest.raises(ValueError, match="band_kernel"):
+        layer(x, x, use_causal_mask=True)
+    auto = LocalAttention(num_heads=2, key_dim=8, window=4)
+    auto(x, x, use_causal_mask=True)
+    assert auto.last_implementation != "band_kernel"
