@@ -1,0 +1,210 @@
+"""The ``implementation="pallas"`` paths of the block-sparse layers (JAX only).
+
+Each function arranges the tokens of one layer's pattern so that the pairs
+it allows fall in few ``(query block, key block)`` tiles, builds the block
+layout of that arrangement (NumPy, cached per static shape; in the graph
+where it depends on the data, as BigBird's random blocks do) and hands
+both, with the layer's own pattern as the in-kernel predicate, to
+:func:`keras_longattn.kernels.jax.pallas_attention.block_sparse_attention`.
+
+Arrangements (tokens keep their original positions, so the predicate is
+the very pattern of the dense reference):
+
+* band (local attention, strided A): tokens in order, a band of blocks;
+* columns (strided B: ``(i - j) mod l == 0``): tokens sorted by
+  ``position mod l``, then position; a column is a contiguous run;
+* own block (fixed A): tokens in order, groups of ``l``;
+* summary keys (fixed B): every query in order against only the keys in
+  the last ``c`` cells of each block;
+* BigBird: tokens in order, the layer's own block mask per example.
+
+Imported lazily by the layers, only on the JAX backend.
+
+Shape legend: B batch, T query length, S key length, H heads, d head size,
+b kernel block size, l stride / block length, c summary width.
+"""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from keras_longattn.kernels.jax import pallas_attention as pa
+from keras_longattn.ops import patterns as la_patterns
+from keras_longattn.ops import reference as la_reference
+from keras_longattn.ops import sparse as la_sparse
+
+#: Largest kernel block (GPU/TPU tiles of 128 rows).
+MAX_BLOCK = 128
+#: Smallest kernel block.
+MIN_BLOCK = 16
+
+
+def default_block(length):
+    """Kernel block size for sequences of ``length``: a power of two in
+    ``[16, 128]``, about an eighth of the length (so short sequences still
+    have several blocks)."""
+    b = int(pa.pl.next_power_of_2(max(1, -(-int(length) // 8))))
+    return int(min(MAX_BLOCK, max(MIN_BLOCK, b)))
+
+
+def _key_valid(key_mask):
+    return None if key_mask is None else jnp.asarray(key_mask).astype(bool)
+
+
+# ------------------------------------------------------------------- band
+@functools.lru_cache(maxsize=256)
+def _band_layout(T, S, b, look_back, look_ahead):
+    return pa.band_layout(T, S, b, b, look_back, look_ahead)
+
+
+def band_attention(query, key, value, look_back, look_ahead, key_mask=None, scale=None,
+                   block=None, predicate=None, return_lse=False):
+    """Query ``i`` against keys ``i - look_back .. i + look_ahead``.
+
+    ``predicate`` (default: ``LocalPattern(look_back, look_ahead)``) may
+    narrow the band further (e.g. a causal AND).
+    """
+    T, S = query.shape[1], key.shape[1]
+    b = block or default_block(max(T, S))
+    layout = _band_layout(T, S, b, look_back, look_ahead)
+    if predicate is None:
+        predicate = la_patterns.LocalPattern(look_back, look_ahead)
+    out, lse = pa.block_sparse_attention(
+        query, key, value, layout, predicate=predicate, k_valid=_key_valid(key_mask),
+        scale=scale)
+    return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------- arrangements
+def _column_order(n, l):
+    """Positions ``0 .. n-1`` sorted by ``position mod l``, then position."""
+    pos = np.arange(n)
+    return pos[np.lexsort((pos, pos % l))]
+
+
+def _layout(q_order, q_group, k_order, k_group, b, look_back, look_ahead):
+    nq, nk = -(-len(q_order) // b), -(-len(k_order) // b)
+    pad_q, pad_k = nq * b - len(q_order), nk * b - len(k_order)
+    q_group = np.concatenate([q_group, np.full(pad_q, -1)])
+    k_group = np.concatenate([k_group, np.full(pad_k, -1)])
+    q_pos = np.concatenate([q_order, np.zeros(pad_q, np.int64)])
+    k_pos = np.concatenate([k_order, np.zeros(pad_k, np.int64)])
+    pairs = pa.segment_pairs(q_group, q_pos, k_group, k_pos, b, b, look_back, look_ahead)
+    return pa.BlockLayout.from_pairs(*pairs, nq, nk, b, b)
+
+
+@functools.lru_cache(maxsize=256)
+def arrangement(kind, T, S, l, c, causal, b):
+    """``(q_order, k_order, layout)`` of one Sparse Transformer part.
+
+    ``q_order`` is a permutation of ``0 .. T-1`` (None: in order),
+    ``k_order`` the key positions used, in their order, and ``layout`` the
+    block layout of the arranged sequences. ``kind``: ``"columns"``
+    (strided B), ``"blocks"`` (fixed A) or ``"summary"`` (fixed B).
+    """
+    ahead = 0 if causal else None
+    if kind == "columns":
+        q_order, k_order = _column_order(T, l), _column_order(S, l)
+        layout = _layout(q_order, q_order % l, k_order, k_order % l, b, None, ahead)
+        return q_order, k_order, layout
+    q_order = np.arange(T)
+    if kind == "blocks":
+        k_order = np.arange(S)
+        layout = _layout(q_order, q_order // l, k_order, k_order // l, b, None, ahead)
+        return None, k_order, layout
+    if kind == "summary":
+        k_order = np.flatnonzero(np.arange(S) % l >= l - c)
+        layout = _layout(q_order, q_order * 0, k_order, k_order * 0, b, None, ahead)
+        return None, k_order, layout
+    raise ValueError(f"unknown arrangement {kind!r}")
+
+
+def arranged_attention(query, key, value, arranged, predicate, key_mask=None, scale=None):
+    """Attention on reordered tokens (see :func:`arrangement`), returned in
+    the original order: ``(out (B, T, H, dv), lse (B, T, H))``."""
+    q_order, k_order, layout = arranged
+    B, T, H = query.shape[:3]
+    if len(k_order) == 0:
+        out = jnp.zeros((B, T, H, value.shape[3]), query.dtype)
+        return out, jnp.full((B, T, H), pa.MASKED_LOGIT, jnp.float32)
+    q = query if q_order is None else jnp.take(query, q_order, axis=1)
+    k = jnp.take(key, k_order, axis=1)
+    v = jnp.take(value, k_order, axis=1)
+    valid = _key_valid(key_mask)
+    if valid is not None:
+        valid = jnp.take(valid, k_order, axis=1)
+    out, lse = pa.block_sparse_attention(
+        q, k, v, layout, predicate=predicate,
+        q_pos=None if q_order is None else q_order.astype(np.int32),
+        k_pos=k_order.astype(np.int32), k_valid=valid, scale=scale)
+    if q_order is not None:
+        inverse = np.argsort(q_order)
+        out = jnp.take(out, inverse, axis=1)
+        lse = jnp.take(lse, inverse, axis=1)
+    return out, lse
+
+
+# ------------------------------------------------------- Sparse Transformer
+def sparse_attention(query, key, value, pattern, block_length, summary_width,
+                     combination, causal, key_mask=None, scale=None, block=None):
+    """The Sparse Transformer's strided or fixed attention (the layer's
+    ``combination``), equal to dense attention under
+    :func:`keras_longattn.ops.sparse.sparse_head_patterns`."""
+    l = int(block_length)
+    c = summary_width if pattern == "fixed" else None
+    first, second = la_sparse.sparse_transformer_patterns(pattern, l, c, causal)
+    T, S = query.shape[1], key.shape[1]
+    b = block or default_block(max(T, S))
+
+    def part_a(q, k, v):
+        if pattern == "strided":
+            return band_attention(q, k, v, l - 1, 0 if causal else l - 1, key_mask,
+                                  scale, b, predicate=first, return_lse=True)
+        arranged = arrangement("blocks", T, S, l, c, causal, b)
+        return arranged_attention(q, k, v, arranged, first, key_mask, scale)
+
+    def part_b(q, k, v, predicate):
+        kind = "columns" if pattern == "strided" else "summary"
+        arranged = arrangement(kind, T, S, l, c, causal, b)
+        return arranged_attention(q, k, v, arranged, predicate, key_mask, scale)
+
+    if combination == "first":
+        return part_a(query, key, value)[0]
+    if combination == "second":
+        return part_b(query, key, value, second)[0]
+    if combination == "merged":
+        # One softmax over A | B: B without the keys A already has.
+        return la_reference.merge_attention_parts([
+            part_a(query, key, value),
+            part_b(query, key, value, la_patterns.Difference(second, first)),
+        ])
+    h = la_sparse.multihead_split(query.shape[2])
+    out = part_a(query[:, :, :h], key[:, :, :h], value[:, :, :h])[0]
+    if h == query.shape[2]:
+        return out
+    rest = part_b(query[:, :, h:], key[:, :, h:], value[:, :, h:], second)[0]
+    return jnp.concatenate([out, rest], axis=2)
+
+
+# ----------------------------------------------------------------- BigBird
+def bigbird_attention(query, key, value, block_size, window_blocks, global_blocks,
+                      random_blocks, seed, causal, key_mask=None, scale=None):
+    """BigBird's window, global and random blocks: the layer's own block mask
+    (per example when keys are padded, since the random blocks depend on
+    the real length) is the layout, with kernel blocks of ``block_size``;
+    the predicate is only causality."""
+    from keras_longattn.ops import bigbird as la_bigbird
+
+    b = int(block_size)
+    T, S = query.shape[1], key.shape[1]
+    nq, nk = -(-T // b), -(-S // b)
+    valid = _key_valid(key_mask)
+    used = la_bigbird.used_key_blocks(valid, S, b)
+    mask = la_bigbird.block_mask(nq, nk, used, window_blocks, global_blocks,
+                                 random_blocks, seed, causal)
+    layout = pa.BlockLayout.from_block_mask(jnp.asarray(mask), b, b)
+    predicate = la_patterns.CausalPattern() if causal else None
+    out, _ = pa.block_sparse_attention(query, key, value, layout, predicate=predicate,
+                                       k_valid=valid, scale=scale)
+    return out
