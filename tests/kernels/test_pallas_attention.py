@@ -12,6 +12,7 @@ import pytest
 
 from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.ops import patterns as la_patterns
 from keras_longattn.ops import sparse as la_sparse
@@ -282,6 +283,9 @@ LAYER_CASES = [
                        "combination": "merged"}, 60, False),
     (BigBirdAttention, {"block_size": 16, "window_blocks": 3, "global_blocks": 1,
                         "random_blocks": 1, "seed": 3}, 100, True),
+    # Heads with dilations 1 and 2, global tokens per example from a mask
+    # (one of them padded), global projections.
+    (LongformerAttention, {"window": 6, "dilation": (1, 2), "max_global": 3}, 50, True),
 ]
 
 
@@ -311,10 +315,17 @@ def test_layer_pallas_equals_reference(layer_cls, kwargs, n, causal):
     pallas(x, x)
     pallas.set_weights(reference.get_weights())
     weights = jnp.asarray(rng.standard_normal((B, n, F)), jnp.float32)
+    extra = {}
+    if layer_cls is LongformerAttention:
+        global_mask = np.zeros((B, n), bool)
+        global_mask[0, [7, 30]] = True
+        global_mask[1, [3, n - 2]] = True  # n - 2 is padding
+        extra["global_mask"] = global_mask
 
     def loss(layer):
         def fn(x):
-            out = layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal)
+            out = layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal,
+                        **extra)
             return jnp.sum(jnp.where(mask[..., None], out * weights, 0.0)), out
         return jax.value_and_grad(fn, has_aux=True)(jnp.asarray(x))
 

@@ -208,3 +208,109 @@ def bigbird_attention(query, key, value, block_size, window_blocks, global_block
     out, _ = pa.block_sparse_attention(query, key, value, layout, predicate=predicate,
                                        k_valid=valid, scale=scale)
     return out
+
+
+# --------------------------------------------------------------- Longformer
+@functools.lru_cache(maxsize=256)
+def dilated_arrangement(T, S, dilation, look_back, look_ahead, b):
+    """``(q_order, k_order, layout)`` of a window dilated by ``r``: tokens
+    sorted by ``position mod r`` (then position), so that each residue is a
+    contiguous plain band of ``look_back`` / ``look_ahead`` steps."""
+    r = int(dilation)
+    if r == 1:
+        return None, np.arange(S), _band_layout(T, S, b, look_back, look_ahead)
+    q_order, k_order = _column_order(T, r), _column_order(S, r)
+    layout = _layout(q_order, q_order % r, k_order, k_order % r, b,
+                     look_back * r, look_ahead * r)
+    return q_order, k_order, layout
+
+
+@functools.lru_cache(maxsize=256)
+def _all_pairs(T, S, bq, bk):
+    """Every query block visits every key block."""
+    return pa.band_layout(T, S, bq, bk, None, None)
+
+
+def _small_block(n):
+    """Kernel block for ``n`` tokens that are all visited (global slots)."""
+    return int(min(MAX_BLOCK, max(MIN_BLOCK, pa.pl.next_power_of_2(max(1, int(n))))))
+
+
+def longformer_attention(query, key, value, window, dilations, causal, slots=None,
+                         global_query=None, global_key=None, global_value=None,
+                         key_mask=None, scale=None):
+    """Longformer attention with every part in the Pallas kernel: the
+    (dilated) window per group of heads with one dilation, every query
+    against the global keys (merged with the window by log-sum-exp), and
+    the global rows (global queries against every key, with the global
+    projections), written over the merged rows. Same arguments as
+    :func:`keras_longattn.ops.longformer.longformer_attention`."""
+    from keras_longattn.ops import longformer as la_longformer
+
+    T, S = query.shape[1], key.shape[1]
+    B, H = query.shape[0], query.shape[2]
+    if scale is None:
+        scale = 1.0 / float(query.shape[3]) ** 0.5
+    look_back, look_ahead = la_longformer.window_extents(window, causal)
+    local_keys = _key_valid(key_mask)
+    subset_predicate = la_patterns.CausalPattern() if causal else None
+    if slots is not None:
+        positions = jnp.broadcast_to(jnp.asarray(slots.positions), (B, slots.positions.shape[1]))
+        G = positions.shape[1]
+        q_valid = jnp.broadcast_to(jnp.asarray(slots.query_valid), (B, G))
+        k_valid = jnp.broadcast_to(jnp.asarray(slots.key_valid), (B, G))
+        if local_keys is not None:  # a padded global key is no key at all
+            k_valid = jnp.logical_and(k_valid, jnp.take_along_axis(
+                local_keys, jnp.clip(positions, 0, S - 1), axis=1))
+        hot_k = jnp.asarray(la_longformer.slot_matrix(positions, k_valid, S))  # (B, G, S)
+        not_global = jnp.logical_not(jnp.any(hot_k, axis=1))
+        local_keys = not_global if local_keys is None else jnp.logical_and(local_keys, not_global)
+
+    b = default_block(max(T, S))
+    groups = {}
+    for h, r in enumerate(dilations):
+        groups.setdefault(int(r), []).append(h)
+    outs, lses, order = [], [], []
+    for r, heads in groups.items():
+        idx = np.asarray(heads)
+        pick = (lambda x: x) if len(heads) == H else (lambda x, idx=idx: jnp.take(x, idx, axis=2))
+        arranged = dilated_arrangement(T, S, r, look_back, look_ahead, b)
+        out, lse = arranged_attention(
+            pick(query), pick(key), pick(value), arranged,
+            la_patterns.DilatedPattern(look_back, look_ahead, r), local_keys, scale)
+        outs.append(out)
+        lses.append(lse)
+        order.extend(heads)
+    out, lse = outs[0], lses[0]
+    if len(outs) > 1:
+        inverse = np.argsort(np.asarray(order))
+        out = jnp.take(jnp.concatenate(outs, axis=2), inverse, axis=2)
+        lse = jnp.take(jnp.concatenate(lses, axis=2), inverse, axis=2)
+    if slots is None:
+        return out
+
+    # Every query against the global keys (positions per example).
+    # (B, G, S) x (B, S, H, d) -> (B, G, H, d)
+    keys_g = jnp.einsum("bgs,bshd->bghd", hot_k.astype(key.dtype), key)
+    values_g = jnp.einsum("bgs,bshd->bghd", hot_k.astype(value.dtype), value)
+    bg = _small_block(G)
+    subset = pa.block_sparse_attention(
+        query, keys_g, values_g, _all_pairs(T, G, b, bg), predicate=subset_predicate,
+        q_pos=None, k_pos=positions, k_valid=k_valid, scale=scale)
+    out = la_reference.merge_attention_parts([(out, lse), subset])
+
+    # The global rows: each global query against every key.
+    hot_q = jnp.asarray(la_longformer.slot_matrix(positions, q_valid, T))  # (B, G, T)
+    if global_query is None:
+        # (B, G, T) x (B, T, H, d) -> (B, G, H, d)
+        global_query = jnp.einsum("bgt,bthd->bghd", hot_q.astype(query.dtype), query)
+    global_key = key if global_key is None else global_key
+    global_value = value if global_value is None else global_value
+    rows, _ = pa.block_sparse_attention(
+        global_query, global_key, global_value, _all_pairs(G, S, bg, b),
+        predicate=subset_predicate, q_pos=positions, k_pos=None,
+        k_valid=_key_valid(key_mask), scale=scale)
+    # (B, G, T) x (B, G, H, dv) -> (B, T, H, dv)
+    scattered = jnp.einsum("bgt,bghd->bthd", hot_q.astype(rows.dtype), rows)
+    is_global = jnp.any(hot_q, axis=1)[:, :, None, None]
+    return jnp.where(is_global, scattered.astype(out.dtype), out)
