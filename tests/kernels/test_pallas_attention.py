@@ -13,6 +13,7 @@ import pytest
 from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LongformerAttention
+from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.ops import patterns as la_patterns
 from keras_longattn.ops import sparse as la_sparse
@@ -62,7 +63,8 @@ def _values_and_grads(fn, q, k, v, rows_seen, seed=0):
         out, lse = fn(q, k, v)
         return jnp.sum(out * w_out) + jnp.sum(jnp.where(rows_seen, lse * w_lse, 0.0)), (out, lse)
 
-    (_, (out, lse)), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    (_, (out, lse)), grads = run(q, k, v)
     return [np.asarray(x) for x in (out, lse) + tuple(grads)]
 
 
@@ -286,6 +288,9 @@ LAYER_CASES = [
     # Heads with dilations 1 and 2, global tokens per example from a mask
     # (one of them padded), global projections.
     (LongformerAttention, {"window": 6, "dilation": (1, 2), "max_global": 3}, 50, True),
+    # One local head and two routing heads, balanced clusters in causal mode.
+    (RoutingAttention, {"num_clusters": 4, "local_heads": 1, "causal_routing": "balanced"},
+     60, True),
 ]
 
 
@@ -309,9 +314,10 @@ def test_layer_pallas_equals_reference(layer_cls, kwargs, n, causal):
     mask = np.ones((B, n), bool)
     mask[0, :5] = False
     mask[1, n - n // 3:] = False
-    reference = layer_cls(num_heads=2, key_dim=8, implementation="reference", **kwargs)
+    heads = 3 if layer_cls is RoutingAttention else 2
+    reference = layer_cls(num_heads=heads, key_dim=8, implementation="reference", **kwargs)
     reference(x, x)
-    pallas = layer_cls(num_heads=2, key_dim=8, implementation="pallas", **kwargs)
+    pallas = layer_cls(num_heads=heads, key_dim=8, implementation="pallas", **kwargs)
     pallas(x, x)
     pallas.set_weights(reference.get_weights())
     weights = jnp.asarray(rng.standard_normal((B, n, F)), jnp.float32)
@@ -327,7 +333,8 @@ def test_layer_pallas_equals_reference(layer_cls, kwargs, n, causal):
             out = layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal,
                         **extra)
             return jnp.sum(jnp.where(mask[..., None], out * weights, 0.0)), out
-        return jax.value_and_grad(fn, has_aux=True)(jnp.asarray(x))
+        # One compiled program (eager JAX would compile every small op).
+        return jax.jit(jax.value_and_grad(fn, has_aux=True))(jnp.asarray(x))
 
     (_, out), grad = loss(pallas)
     assert pallas.last_implementation == "pallas"
@@ -360,3 +367,16 @@ def test_pallas_refused_off_jax(layer_cls, kwargs, n, causal):
     auto = layer_cls(num_heads=2, key_dim=8, **kwargs)
     auto(x, x, use_causal_mask=causal)
     assert auto.last_implementation != "pallas"
+
+
+@jax_only
+def test_routing_refuses_what_the_kernel_lacks():
+    x = np.zeros((1, 16, 16), "float32")
+    for kwargs, causal, reason in (
+        ({"shared_qk": True}, False, "shared_qk"),
+        ({"causal_routing": "token"}, True, "token"),
+    ):
+        layer = RoutingAttention(num_heads=2, key_dim=8, num_clusters=2,
+                                 implementation="pallas", **kwargs)
+        with pytest.raises(ValueError, match=reason):
+            layer(x, x, use_causal_mask=causal)

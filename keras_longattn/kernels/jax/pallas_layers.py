@@ -314,3 +314,81 @@ def longformer_attention(query, key, value, window, dilations, causal, slots=Non
     scattered = jnp.einsum("bgt,bghd->bthd", hot_q.astype(rows.dtype), rows)
     is_global = jnp.any(hot_q, axis=1)[:, :, None, None]
     return jnp.where(is_global, scattered.astype(out.dtype), out)
+
+
+# ------------------------------------------------------------------ Routing
+class ClusterPattern:
+    """In-kernel predicate of balanced clusters: a token's position is
+    encoded as ``cluster * stride + position`` (``stride`` a power of two
+    above every position); a query sees the keys of its own cluster (and,
+    when ``causal``, only those at or before its position)."""
+
+    def __init__(self, stride, causal):
+        self.stride = int(stride)
+        self.causal = bool(causal)
+        self._shift = self.stride.bit_length() - 1
+
+    def allowed(self, q_pos, k_pos):
+        same = jnp.right_shift(q_pos, self._shift) == jnp.right_shift(k_pos, self._shift)
+        if not self.causal:
+            return same
+        low = self.stride - 1
+        return jnp.logical_and(same, jnp.bitwise_and(k_pos, low) <= jnp.bitwise_and(q_pos, low))
+
+    def __eq__(self, other):
+        return type(other) is ClusterPattern and (self.stride, self.causal) == (
+            other.stride, other.causal)
+
+    def __hash__(self):
+        return hash(("ClusterPattern", self.stride, self.causal))
+
+
+def cluster_stride(length):
+    """The ``stride`` of :class:`ClusterPattern` for sequences of ``length``."""
+    return int(pa.pl.next_power_of_2(int(length) + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _cluster_layout(k, wq, wk, b):
+    """Cluster ``c`` holds arranged queries ``[c * wq, (c + 1) * wq)`` and
+    keys ``[c * wk, (c + 1) * wk)``: the key blocks of its own clusters."""
+    q, kk = np.arange(k * wq), np.arange(k * wk)
+    return _layout(q, q // wq, kk, kk // wk, b, None, None)
+
+
+def cluster_attention(query, key, value, query_indices, key_indices, causal,
+                      key_mask=None, scale=None):
+    """Attention inside balanced clusters (dense blocks of gathered tokens),
+    a query's output the mean over the clusters in which it sees a key, as
+    :func:`keras_longattn.ops.routing.balanced_cluster_attention` without
+    ``exclude_self``. ``query_indices`` ``(B, H, k, wq)`` and
+    ``key_indices`` ``(B, H, k, wk)`` (per head: positions ride along with
+    each gathered token)."""
+    from keras_longattn.ops import segments as la_segments
+
+    B, T, H = query.shape[:3]
+    S = key.shape[1]
+    k, wq = query_indices.shape[2], query_indices.shape[3]
+    wk = key_indices.shape[3]
+    stride = cluster_stride(max(T, S))
+
+    def arrange(x, indices):  # (B, n, H, .) -> (B, k * w, H, .)
+        g = la_segments.gather_tokens(x, indices)  # (B, H, k, w, .)
+        g = jnp.reshape(g, (B, H, -1, x.shape[3]))
+        return jnp.transpose(g, (0, 2, 1, 3))
+
+    cluster = (jnp.arange(k, dtype=jnp.int32) * stride)[None, None, :, None]
+    q_pos = jnp.reshape(jnp.asarray(query_indices, jnp.int32) + cluster, (B, H, k * wq))
+    k_pos = jnp.reshape(jnp.asarray(key_indices, jnp.int32) + cluster, (B, H, k * wk))
+    valid = None
+    if key_mask is not None:
+        valid = la_segments.gather_flags(jnp.asarray(key_mask)[:, None], key_indices) > 0
+        valid = jnp.reshape(valid, (B, H, k * wk))
+    layout = _cluster_layout(k, wq, wk, default_block(max(k * wq, k * wk)))
+    out, lse = pa.block_sparse_attention(
+        arrange(query, query_indices), arrange(key, key_indices),
+        arrange(value, key_indices), layout, predicate=ClusterPattern(stride, causal),
+        q_pos=q_pos, k_pos=k_pos, k_valid=valid, scale=scale)
+    out = jnp.reshape(jnp.transpose(out, (0, 2, 1, 3)), (B, H, k, wq, -1))
+    seen = jnp.reshape(jnp.transpose(lse, (0, 2, 1)) > pa.MASKED_LOGIT / 2, (B, H, k, wq))
+    return la_segments.scatter_mean(out, query_indices, T, weights=seen)
