@@ -16,7 +16,11 @@ the very pattern of the dense reference):
 * own block (fixed A): tokens in order, groups of ``l``;
 * summary keys (fixed B): every query in order against only the keys in
   the last ``c`` cells of each block;
-* BigBird: tokens in order, the layer's own block mask per example.
+* BigBird: tokens in order, the layer's own block mask per example;
+* Longformer: per dilation ``r``, tokens sorted by ``position mod r`` (a
+  band on each residue), plus the global keys and the global rows;
+* Routing: each head's tokens gathered cluster by cluster, positions
+  encoded as ``cluster * stride + position`` (:class:`ClusterPattern`).
 
 Imported lazily by the layers, only on the JAX backend.
 
