@@ -12,7 +12,7 @@ def test_readme_quick_start_runs(capsys):
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, str(README), "exec"), {})
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last in ("blocked", "blocked_fused")
+    assert last in ("blocked", "blocked_fused", "band_kernel")
 
 
 def test_readme_commands_exist():

@@ -31,7 +31,11 @@ backend without its own entry gets):
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
-  on block layouts).
+  on block layouts; ``"pallas"``: the block-sparse Pallas kernel of
+  ``kernels/jax/pallas_attention.py``). A kind missing from a backend's
+  order is never chosen by ``"auto"`` there (only by name): the JAX table
+  lists ``"pallas"`` first on GPU/TPU and not at all on the CPU, where
+  Pallas only interprets.
 """
 
 import functools
@@ -42,7 +46,7 @@ from keras import ops
 
 #: Kinds of implementation a layer declares (see
 #: :class:`keras_longattn.layers.Implementation`).
-IMPLEMENTATION_KINDS = ("explicit", "fused")
+IMPLEMENTATION_KINDS = ("explicit", "fused", "pallas")
 
 
 class BackendOps:
@@ -50,7 +54,8 @@ class BackendOps:
 
     #: Name of the backend this table serves.
     name = "portable"
-    #: Kinds of implementation, in the order ``"auto"`` tries them.
+    #: Kinds of implementation, in the order ``"auto"`` tries them (a kind
+    #: not listed is never tried by ``"auto"``).
     auto_preference = ("explicit", "fused")
     #: Most scores per fused call of sorted-chunk attention (None: no limit).
     max_scores_per_call = None

@@ -427,12 +427,15 @@ class BaseAttention(keras.layers.Layer):
         them), then in declaration order."""
         preference = backend_ops().auto_preference
         table = self._implementation_table
+        # A kind the backend does not list (e.g. "pallas" off JAX GPU/TPU)
+        # only runs when named.
+        names = [name for name in table if table[name].kind in preference]
         return tuple(
-            sorted(table, key=lambda name: preference.index(table[name].kind))
+            sorted(names, key=lambda name: preference.index(table[name].kind))
         )
 
     def implementation_kind(self, name):
-        """The kind (``"explicit"`` or ``"fused"``) of implementation
+        """The kind (``"explicit"``, ``"fused"`` or ``"pallas"``) of implementation
         ``name``; ``"reference"`` for the reference path."""
         if name == "reference":
             return "reference"

@@ -6,6 +6,7 @@ import numpy as np
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import bigbird as la_bigbird
 
@@ -42,7 +43,10 @@ class BigBirdAttention(BaseAttention):
     key: O(n * b * (w + g + r)) time and memory, never a ``(T, S)`` tensor.
     ``"blocked_fused"`` (preferred by ``"auto"`` on PyTorch; no attention
     dropout in training) gives the same layouts to
-    ``keras.ops.dot_product_attention``. ``"reference"`` is dense attention
+    ``keras.ops.dot_product_attention``. ``"pallas"`` (JAX only; preferred
+    by ``"auto"`` on GPU/TPU, interpreted on the CPU; no attention dropout)
+    gives the layer's block mask, global rows included, as the layout of
+    one block-sparse flash-attention kernel. ``"reference"`` is dense attention
     under the same pattern (:func:`keras_longattn.ops.bigbird.dense_mask`),
     O(n^2). The random blocks are computed inside the graph (a hash of
     ``(seed, query block, key block)``), so the efficient paths also run
@@ -67,8 +71,8 @@ class BigBirdAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"`` or
-            ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"pallas"``
+            or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -161,6 +165,23 @@ class BigBirdAttention(BaseAttention):
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``."""
         return self._attend_blocks(query, key, value, context, fused=True)
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """The layer's block mask as the layout of the block-sparse Pallas
+        kernel (JAX only), global rows included."""
+        from keras_longattn.kernels.jax import pallas_layers
+
+        return pallas_layers.bigbird_attention(
+            query, key, value, self.block_size, self.window_blocks,
+            self.global_blocks, self.random_blocks, self.seed, context.causal,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_pallas.refuses
+    def _pallas(self, context):
+        return pallas_refusal()
 
     def _attend_blocks(self, query, key, value, context, fused, dropout_fn=None):
         return la_bigbird.bigbird_attention(

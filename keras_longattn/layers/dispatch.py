@@ -10,7 +10,10 @@ ran.
 Kinds say how a path computes, not what: ``"explicit"`` paths write scores,
 a masked softmax and the weighted sum with ``keras.ops`` (which XLA fuses on
 JAX and TensorFlow); ``"fused"`` paths hand block layouts to
-``keras.ops.dot_product_attention`` (PyTorch's flash kernel on the CPU). The
+``keras.ops.dot_product_attention`` (PyTorch's flash kernel on the CPU);
+``"pallas"`` paths run the block-sparse Pallas kernel (JAX only, refused on
+other backends with :func:`pallas_refusal`; ``"auto"`` tries them on GPU/TPU
+only). The
 order in which ``implementation="auto"`` tries the kinds on each backend is
 one table, :attr:`keras_longattn.kernels.BackendOps.auto_preference`.
 
@@ -33,11 +36,25 @@ order of preference within a kind::
             return None
 """
 
+import keras
+
 from keras_longattn.kernels import IMPLEMENTATION_KINDS
 
 #: Reason given when a path without attention dropout meets dropout in
 #: training.
 DROPOUT_REASON = "attention dropout in training needs the explicit weights"
+
+
+def pallas_refusal():
+    """Why a ``"pallas"`` path cannot run on the active backend (None on
+    JAX, where it compiles on GPU/TPU and is interpreted on the CPU)."""
+    backend = keras.backend.backend()
+    if backend != "jax":
+        return (
+            "the Pallas kernel needs the JAX backend (KERAS_BACKEND=jax); "
+            f"the active backend is {backend!r}"
+        )
+    return None
 
 
 class Implementation:
@@ -48,7 +65,8 @@ class Implementation:
             output ``(B, T, H, dv)`` of projected heads.
         name: the value of the layer's ``implementation`` argument that
             selects it.
-        kind: ``"explicit"`` or ``"fused"`` (see the module docstring).
+        kind: ``"explicit"``, ``"fused"`` or ``"pallas"`` (see the module
+            docstring).
         dropout: whether the path applies attention dropout; a path that
             does not refuses calls with dropout active in training.
     """

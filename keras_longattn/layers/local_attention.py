@@ -8,6 +8,7 @@ from keras_longattn._validation import positive_int
 from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import pallas_refusal
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -25,7 +26,10 @@ class LocalAttention(BaseAttention):
     positions and lets each query block look at the neighbouring key blocks
     that can hold a visible key, masking every pair exactly: O(n * w) time
     and memory, any sequence length (it pads internally and strips the
-    padding), never a ``(T, S)`` tensor.
+    padding), never a ``(T, S)`` tensor. ``"pallas"`` (JAX only) runs the
+    same band in one block-sparse flash-attention kernel
+    (``kernels/jax/pallas_attention.py``): chosen by ``"auto"`` on GPU/TPU,
+    interpreted (slowly, for tests) on the CPU; no attention dropout.
 
     Args:
         num_heads: number of attention heads.
@@ -42,8 +46,8 @@ class LocalAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``
-            or ``"reference"``; ``"band_kernel"`` is the backend's own
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
+            ``"pallas"`` (JAX, see the fast paths guide) or ``"reference"``; ``"band_kernel"`` is the backend's own
             band kernel, PyTorch on the CPU only, float32, equal query and
             key lengths: the flash kernel on overlapping views of the keys,
             preferred by ``"auto"`` there).
@@ -142,6 +146,23 @@ class LocalAttention(BaseAttention):
     def _blocked_fused(self, query, key, value, context):
         """The same blocks through ``keras.ops.dot_product_attention``."""
         return self._band(query, key, value, context, fused=True)
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """The band in the block-sparse Pallas kernel (JAX only; preferred
+        by ``"auto"`` on GPU/TPU, interpreted on the CPU)."""
+        from keras_longattn.kernels.jax import pallas_layers
+
+        look_back, look_ahead = self.extents(context.causal)
+        return pallas_layers.band_attention(
+            query, key, value, look_back, look_ahead,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_pallas.refuses
+    def _pallas(self, context):
+        return pallas_refusal()
 
     def _band(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)

@@ -10,6 +10,7 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import longformer as la_longformer
 
@@ -62,6 +63,9 @@ class LongformerAttention(BaseAttention):
     PyTorch; no attention dropout in training) gives the same layouts to
     ``keras.ops.dot_product_attention``, with the global keys appended to
     the keys of every window block so that one softmax covers both.
+    ``"pallas"`` (JAX only; preferred by ``"auto"`` on GPU/TPU, interpreted
+    on the CPU; no attention dropout) runs the three parts in the
+    block-sparse Pallas kernel, the window on tokens sorted by residue.
     ``"reference"`` is dense attention under the same pattern and
     projections, O(n^2).
 
@@ -93,11 +97,12 @@ class LongformerAttention(BaseAttention):
             column when dilated). Defaults to half the window side
             (``"blocked"``, :func:`keras_longattn.ops.default_block_size`)
             or the window side (``"blocked_fused"``: fewer, larger kernel
-            calls), rounded up to a multiple of 8.
+            calls), rounded up to a multiple of 8. Not used by ``"pallas"``
+            (its kernel blocks are powers of two up to 128).
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"`` or
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"pallas"`` or
             ``"reference"``).
 
     Call arguments:
@@ -405,6 +410,27 @@ class LongformerAttention(BaseAttention):
         the global keys appended to every window block (one softmax, no
         merge)."""
         return self._longformer(query, key, value, context, fused=True)
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """Every part in the block-sparse Pallas kernel (JAX only): the
+        window per dilation (tokens sorted by residue), the global keys
+        (merged by log-sum-exp) and the global rows."""
+        from keras_longattn.kernels.jax import pallas_layers
+
+        qg, kg, vg = self._global_projections(context, rows_only=True)
+        return pallas_layers.longformer_attention(
+            query, key, value, self.window, self.dilations,
+            causal=context.causal,
+            slots=context.global_slots,
+            global_query=qg, global_key=kg, global_value=vg,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_pallas.refuses
+    def _pallas(self, context):
+        return pallas_refusal()
 
     def _input_space_projections(self, context):
         """``(key_input, value_input, key_kernel, value_kernel, value_bias,

@@ -15,6 +15,7 @@ from keras_longattn.kernels import compiled
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing as routing_ops
@@ -120,6 +121,11 @@ class RoutingAttention(BaseAttention):
     ``keras.ops.dot_product_attention`` as a batch (PyTorch's fused
     ``scaled_dot_product_attention``; preferred by ``"auto"`` on the torch
     backend, ``"routed"`` elsewhere). Both equal the reference path.
+    ``"pallas"`` (JAX only; preferred by ``"auto"`` on GPU/TPU, interpreted
+    on the CPU; no attention dropout) runs the balanced clusters as dense
+    blocks of gathered tokens (each token's cluster and position encoded
+    in its kernel position) and the local heads' band in the block-sparse
+    Pallas kernel; it refuses ``shared_qk=True`` and causal token routing.
 
     Reference path: the same clusters (computed once, from the same
     centroids) turned into dense ``(T, S)`` masks. For balanced routing,
@@ -166,7 +172,8 @@ class RoutingAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"routed"``, ``"routed_fused"`` or ``"reference"``).
+            ``"auto"``, ``"routed"``, ``"routed_fused"``, ``"pallas"`` or
+            ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -407,6 +414,55 @@ class RoutingAttention(BaseAttention):
     def _routed_fused(self, query, key, value, context):
         """The same blocks through ``keras.ops.dot_product_attention``."""
         return self._clustered(query, key, value, context, fused=True)
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """Balanced clusters as dense blocks of gathered tokens (and the
+        local heads' band) in the block-sparse Pallas kernel (JAX only)."""
+        from keras_longattn.kernels.jax import pallas_layers
+
+        T, S = context.query_length, context.key_length
+        scale = self._inverse_sqrt_key_dim
+        key_mask = context.padding.key_mask
+        q_loc, q_rt = self._split_heads(query)
+        k_loc, k_rt = self._split_heads(key)
+        v_loc, v_rt = self._split_heads(value)
+        parts = []
+        window = self.routing_window(la_ops.shapes.larger(T, S))
+        if self.routing_heads:
+            routing = self._route(q_rt, k_rt, context, nearest=False)
+            window = routing.window
+        if self.local_heads:
+            look_back, look_ahead = self._local_extents(context.causal, window)
+            parts.append(pallas_layers.band_attention(
+                q_loc, k_loc, v_loc, look_back, look_ahead, key_mask=key_mask,
+                scale=scale))
+        if self.routing_heads:
+            parts.append(pallas_layers.cluster_attention(
+                q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
+                context.causal, key_mask=key_mask, scale=scale))
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+    @_pallas.refuses
+    def _pallas(self, context):
+        reason = pallas_refusal()
+        if reason is not None:
+            return reason
+        T, S = context.query_length, context.key_length
+        if not la_ops.shapes.is_static(T, S):
+            return "the Pallas path needs sequence lengths known while tracing"
+        if self.shared_qk:
+            return ("shared_qk=True (no attention to oneself unless alone) is "
+                    "not in the kernel")
+        if context.causal and self.causal_routing == "token":
+            return "causal_routing='token' (sorted chunks) is not in the kernel"
+        if self.routing_heads and self.num_clusters is not None:
+            from keras_longattn.kernels.jax import pallas_layers
+
+            if self.num_clusters * pallas_layers.cluster_stride(max(T, S)) >= 2**31:
+                return ("num_clusters * the position stride overflows the "
+                        "kernel's int32 positions")
+        return None
 
     def _clustered(self, query, key, value, context, fused):
         if not la_ops.shapes.is_static(context.query_length, context.key_length):

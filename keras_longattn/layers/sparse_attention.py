@@ -9,6 +9,7 @@ from keras_longattn.kernels import backend_ops as la_backend_ops
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.ops import sparse as la_sparse
 
 
@@ -67,7 +68,12 @@ class SparseAttention(BaseAttention):
         with the strided pattern's window part on the backend's band kernel
         (PyTorch on the CPU, float32, equal lengths, ``value_dim ==
         key_dim``; preferred by ``"auto"`` there; strided, not
-        ``"merged"`` or ``"second"``). ``"reference"``: dense attention under each head's
+        ``"merged"`` or ``"second"``). ``"pallas"`` (JAX only): every part
+        in one block-sparse flash-attention Pallas kernel, tokens reordered
+        so that a stride's column or the summary keys are contiguous (preferred
+        by ``"auto"`` on GPU/TPU, interpreted on the CPU; no attention
+        dropout; ``remat`` is moot, the kernel stores no weights).
+        ``"reference"``: dense attention under each head's
         pattern, O(T * S); also used for ``return_attention_scores``.
 
     Args:
@@ -103,8 +109,8 @@ class SparseAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``
-            or ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
+            ``"pallas"`` or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -313,6 +319,24 @@ class SparseAttention(BaseAttention):
         if self.combination == "merged":
             return "combination='merged' needs each part's log-sum-exp"
         return None
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """Every part in the block-sparse Pallas kernel (JAX only)."""
+        from keras_longattn.kernels.jax import pallas_layers
+
+        T, S = context.query_length, context.key_length
+        l = self.resolve_block_length(la_ops.shapes.larger(T, S))
+        return pallas_layers.sparse_attention(
+            query, key, value, self.pattern, l, self.resolve_summary_width(l),
+            self.combination, context.causal,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_pallas.refuses
+    def _pallas(self, context):
+        return pallas_refusal()
 
     def _block_sparse(self, query, key, value, context, fused, band_kernel=False):
         T, S = context.query_length, context.key_length

@@ -9,6 +9,14 @@ from keras_longattn.kernels import BackendOps
 class JaxOps(BackendOps):
     name = "jax"
 
+    @property
+    def auto_preference(self):
+        """The Pallas kernel first on GPU/TPU, where it compiles; never on
+        the CPU, where Pallas only interprets (slowly: tests only)."""
+        if jax.default_backend() == "cpu":
+            return ("explicit", "fused")
+        return ("pallas", "explicit", "fused")
+
     def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
         dtype = q.dtype
         if dtype == "float16" and jax.default_backend() == "cpu":

@@ -1,0 +1,609 @@
+"""Block-sparse flash attention written with Pallas (JAX only).
+
+One kernel serves every block-sparse layer: a query block visits only the
+key blocks its *layout* lists, and inside each visited block an
+element-level predicate on token positions decides which pairs count. The
+layout is coarse (blocks that may hold an allowed pair); the predicate is
+exact. Nothing of size ``(T, S)`` or ``(T, w)`` is ever written to memory:
+the mask of a tile is computed in registers from two position vectors.
+
+Forward: for each query block, an online softmax over its key blocks
+(FlashAttention), float32 accumulation, returning the output and the
+log-sum-exp of each row (so that parts computed over disjoint key sets
+merge exactly, :func:`keras_longattn.ops.merge_attention_parts`).
+Backward (``jax.custom_vjp``): the flash backward from the saved
+log-sum-exp, in two passes: ``dq`` over each query block's key blocks, and
+``dk``/``dv`` over each key block's query blocks (the transposed layout,
+computed outside the kernels). The cotangent of the returned log-sum-exp is
+honoured (``dS = P * (dP - delta)`` with ``delta = rowsum(dO * O) -
+dlse``), so a merge by log-sum-exp differentiates correctly.
+
+Positions: every token carries an int32 position (``q_pos``, ``k_pos``).
+They default to ``0 .. T-1`` and ``0 .. S-1``; a layer that reorders tokens
+(columns of a strided pattern, summary keys, routing clusters) passes the
+original positions, so the predicate keeps meaning what it means in the
+dense reference. ``k_valid`` marks real keys (padding is False). Rows that
+see no key return zeros, a log-sum-exp of ``MASKED_LOGIT`` and zero,
+finite gradients.
+
+On a CPU the kernels run in Pallas interpret mode (``interpret=True``), which
+is how the tests check them; on GPU/TPU they are compiled. Block sizes
+should be multiples of 16 (128 is the default of the layers) for compiled
+use; head sizes are zero-padded to a power of two of at least 16.
+
+Shape legend: B batch, T query length, S key length, H heads, d query/key
+head size, dv value head size, bq / bk query / key block size, nq / nk
+number of query / key blocks, M width of a layout row.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+#: Log-sum-exp of a row with no visible key (as
+#: :data:`keras_longattn.ops.reference.MASKED_LOGIT`).
+MASKED_LOGIT = -1e30
+
+
+# ----------------------------------------------------------------- layouts
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockLayout:
+    """Which key blocks each query block visits, and the transpose.
+
+    Attributes:
+        rows: int32 ``(L, nq, M)``: row ``i`` of batch entry ``e`` is
+            ``[count, kb_0, kb_1, ...]``, the number of key blocks query
+            block ``i`` visits, then their indices (increasing; the tail is
+            padding). ``L`` is 1 (one layout for the batch) or B.
+        cols: int32 ``(L, nk, M')``: the same for each key block and the
+            query blocks that visit it (for the ``dk``/``dv`` pass).
+        block_q: query block size.
+        block_k: key block size.
+    """
+
+    rows: object
+    cols: object
+    block_q: int
+    block_k: int
+
+    @property
+    def num_query_blocks(self):
+        return int(self.rows.shape[1])
+
+    @property
+    def num_key_blocks(self):
+        return int(self.cols.shape[1])
+
+    @classmethod
+    def from_pairs(cls, q_blocks, k_blocks, num_q_blocks, num_k_blocks, block_q,
+                   block_k):
+        """A static layout from NumPy arrays of visited ``(query block, key
+        block)`` pairs (duplicates allowed)."""
+        q_blocks = np.asarray(q_blocks, np.int64).reshape(-1)
+        k_blocks = np.asarray(k_blocks, np.int64).reshape(-1)
+        nq, nk = int(num_q_blocks), int(num_k_blocks)
+        flat = np.unique(q_blocks * nk + k_blocks)
+        qb, kb = flat // nk, flat % nk
+        rows = _table_from_sorted_pairs(qb, kb, nq)
+        order = np.lexsort((qb, kb))
+        cols = _table_from_sorted_pairs(kb[order], qb[order], nk)
+        return cls(rows[None], cols[None], int(block_q), int(block_k))
+
+    @classmethod
+    def from_block_mask(cls, mask, block_q, block_k):
+        """A layout from a boolean block mask ``(nq, nk)`` or ``(L, nq, nk)``
+        (NumPy: a static layout; a JAX array: computed in the graph, e.g.
+        per example). Block-level only: ``nq * nk`` entries, never tokens."""
+        if isinstance(mask, np.ndarray):
+            mask = mask if mask.ndim == 3 else mask[None]
+            pairs = [np.nonzero(m) for m in mask]
+            if len(pairs) == 1:
+                return cls.from_pairs(*pairs[0], mask.shape[1], mask.shape[2],
+                                      block_q, block_k)
+        mask = jnp.asarray(mask, bool)
+        if mask.ndim == 2:
+            mask = mask[None]
+        rows = _table_from_mask(mask)
+        cols = _table_from_mask(jnp.swapaxes(mask, 1, 2))
+        return cls(rows, cols, int(block_q), int(block_k))
+
+    def block_mask(self):
+        """The layout as a NumPy boolean ``(L, nq, nk)`` (for tests)."""
+        rows = np.asarray(self.rows)
+        out = np.zeros((rows.shape[0], rows.shape[1], self.num_key_blocks), bool)
+        for e in range(rows.shape[0]):
+            for i in range(rows.shape[1]):
+                count = rows[e, i, 0]
+                out[e, i, rows[e, i, 1:1 + count]] = True
+        return out
+
+
+def _row_width(max_count):
+    """Width of a layout row: count + entries, a power of two."""
+    return int(pl.next_power_of_2(int(max_count) + 1))
+
+
+def _table_from_sorted_pairs(major, minor, n_major):
+    """``(n_major, M)`` rows ``[count, minor...]`` from pairs sorted by
+    ``(major, minor)``."""
+    counts = np.bincount(major, minlength=n_major).astype(np.int64)
+    width = _row_width(counts.max() if counts.size else 0)
+    table = np.zeros((n_major, width), np.int32)
+    table[:, 0] = counts
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.arange(major.size) - np.repeat(starts, counts)
+    table[major, 1 + slot] = minor
+    # Padding repeats the last visited block (no extra block fetch where a
+    # pipeline prefetches the next entry).
+    for i in np.flatnonzero(counts):
+        table[i, 1 + counts[i]:] = table[i, counts[i]]
+    return table
+
+
+def _table_from_mask(mask):
+    """``(L, n, M)`` rows from a traced boolean ``(L, n, m)`` mask."""
+    m = mask.shape[2]
+    counts = jnp.sum(mask, axis=2, dtype=jnp.int32)
+    # Stable sort puts the visited indices first, in increasing order.
+    order = jnp.argsort(jnp.logical_not(mask), axis=2, stable=True).astype(jnp.int32)
+    width = _row_width(m)
+    pad = width - 1 - m
+    last = jnp.take_along_axis(order, jnp.maximum(counts - 1, 0)[..., None], axis=2)
+    slots = jnp.arange(m, dtype=jnp.int32)
+    order = jnp.where(slots < counts[..., None], order, last)
+    if pad:
+        order = jnp.concatenate([order, jnp.broadcast_to(last, order.shape[:2] + (pad,))], axis=2)
+    return jnp.concatenate([counts[..., None], order], axis=2)
+
+
+def segment_pairs(q_group, q_pos, k_group, k_pos, block_q, block_k, look_back=None,
+                  look_ahead=None):
+    """The visited ``(query block, key block)`` pairs of a static
+    arrangement of tokens, as NumPy arrays.
+
+    Each token of the (arranged, padded) query and key sequences has a
+    group id (``-1``: padding, never visited) and a position. Query block
+    ``i`` visits key block ``j`` when they hold tokens of a common group
+    whose positions can be within ``look_back`` before / ``look_ahead``
+    after each other (None: unbounded). Within a group, positions must
+    increase along the arrangement. The result is a superset of the block
+    pairs that hold an allowed pair of any predicate that only allows
+    pairs of one group within those extents: the kernel's predicate is
+    exact, so a superset costs time, never correctness.
+    """
+    qs = _segments(np.asarray(q_group), np.asarray(q_pos), block_q)
+    ks = _segments(np.asarray(k_group), np.asarray(k_pos), block_k)
+    if qs[0].size == 0 or ks[0].size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    q_blk, q_grp, q_min, q_max = qs
+    k_blk, k_grp, k_min, k_max = ks
+    order = np.lexsort((k_min, k_grp))
+    k_blk, k_grp, k_min, k_max = (a[order] for a in (k_blk, k_grp, k_min, k_max))
+    if np.any(np.diff(k_max)[np.diff(k_grp) == 0] < 0):
+        raise ValueError("positions must increase within each group of the arrangement")
+    span = 1 << 40
+    off = 1 << 39
+
+    def key(group, pos):
+        return group.astype(np.int64) * span + np.clip(pos.astype(np.int64) + off, 0, span - 1)
+
+    low = q_min - (off if look_back is None else int(look_back))
+    high = q_max + (off if look_ahead is None else int(look_ahead))
+    lo = np.searchsorted(key(k_grp, k_max), key(q_grp, low), side="left")
+    hi = np.searchsorted(key(k_grp, k_min), key(q_grp, high), side="right")
+    counts = np.maximum(hi - lo, 0)
+    q_out = np.repeat(q_blk, counts)
+    idx = np.repeat(lo - np.cumsum(np.concatenate([[0], counts[:-1]])), counts)
+    idx = idx + np.arange(counts.sum())
+    return q_out, k_blk[idx]
+
+
+def _segments(group, pos, block):
+    """Runs of one group inside one block: ``(block, group, min, max)``."""
+    n = group.size
+    blk = np.arange(n) // block
+    change = np.ones(n, bool)
+    change[1:] = (blk[1:] != blk[:-1]) | (group[1:] != group[:-1])
+    starts = np.flatnonzero(change)
+    if starts.size == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty
+    seg_min = np.minimum.reduceat(pos, starts)
+    seg_max = np.maximum.reduceat(pos, starts)
+    keep = group[starts] >= 0
+    return blk[starts][keep], group[starts][keep], seg_min[keep], seg_max[keep]
+
+
+def band_layout(query_length, key_length, block_q, block_k, look_back=None,
+                look_ahead=None, q_start=0, k_start=0):
+    """The static layout of a band ``k_pos - q_pos in [-look_back,
+    look_ahead]`` on positions in order (None: unbounded on that side)."""
+    nq, nk = -(-int(query_length) // block_q), -(-int(key_length) // block_k)
+    q_grp = _padded(np.zeros(query_length, np.int64), nq * block_q)
+    k_grp = _padded(np.zeros(key_length, np.int64), nk * block_k)
+    q_pos = np.arange(nq * block_q) + q_start
+    k_pos = np.arange(nk * block_k) + k_start
+    pairs = segment_pairs(q_grp, q_pos, k_grp, k_pos, block_q, block_k, look_back,
+                          look_ahead)
+    return BlockLayout.from_pairs(*pairs, nq, nk, block_q, block_k)
+
+
+def _padded(group, total):
+    out = np.full(total, -1, np.int64)
+    out[: group.size] = group
+    return out
+
+
+# ------------------------------------------------------------- the kernel
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    predicate: object
+    scale: float
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
+def _allowed(config, q_pos, k_pos, k_valid):
+    """The element mask of a tile: ``(bq, 1)`` and ``(1, bk)`` positions."""
+    ok = k_valid != 0
+    if config.predicate is None:
+        return jnp.broadcast_to(ok, (q_pos.shape[0], k_pos.shape[1]))
+    allowed = jnp.asarray(config.predicate.allowed(q_pos, k_pos))
+    return jnp.logical_and(allowed, ok)
+
+
+def _dot_t(a, b):
+    """``a @ b.T`` in float32: ``(m, k) x (n, k) -> (m, n)``."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _t_dot(a, b):
+    """``a.T @ b`` in float32: ``(k, m) x (k, n) -> (m, n)``."""
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _dot(a, b):
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _forward_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref,
+                    o_ref, lse_ref, *, config):
+    bq, bk = config.block_q, config.block_k
+    dv = v_ref.shape[-1]
+    q = q_ref[...]
+    q_pos = qpos_ref[...][:, None]
+    count = rows_ref[0]
+
+    def body(t, carry):
+        m, l, acc = carry
+        start = pl.multiple_of(rows_ref[t + 1] * bk, bk)
+        sl = pl.ds(start, bk)
+        k = k_ref[sl, :]
+        v = v_ref[sl, :]
+        allowed = _allowed(config, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :])
+        s = _dot_t(q, k) * config.scale
+        s = jnp.where(allowed, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        # A row that has seen nothing yet keeps m = -inf: shift by 0.
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(m - shift)
+        p = jnp.exp(s - shift[:, None])
+        l = alpha * l + jnp.sum(p, axis=1)
+        acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
+        return m_new, l, acc
+
+    init = (
+        jnp.full((bq,), -jnp.inf, jnp.float32),
+        jnp.zeros((bq,), jnp.float32),
+        jnp.zeros((bq, dv), jnp.float32),
+    )
+    m, l, acc = lax.fori_loop(0, count, body, init)
+    seen = l > 0.0
+    out = acc / jnp.where(seen, l, 1.0)[:, None]
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), MASKED_LOGIT)
+
+
+def _probs(config, q, k, q_pos, k_pos, k_valid, lse):
+    """Recomputed probabilities of a tile from the saved log-sum-exp."""
+    s = _dot_t(q, k) * config.scale
+    allowed = _allowed(config, q_pos, k_pos, k_valid)
+    return jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
+
+
+def _dq_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do_ref,
+               lse_ref, delta_ref, dq_ref, *, config):
+    bk = config.block_k
+    q = q_ref[...]
+    do = do_ref[...]
+    q_pos = qpos_ref[...][:, None]
+    lse = lse_ref[...]
+    delta = delta_ref[...]
+    count = rows_ref[0]
+
+    def body(t, dq):
+        start = pl.multiple_of(rows_ref[t + 1] * bk, bk)
+        sl = pl.ds(start, bk)
+        k = k_ref[sl, :]
+        v = v_ref[sl, :]
+        p = _probs(config, q, k, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :], lse)
+        dp = _dot_t(do, v)
+        ds = p * (dp - delta[:, None])
+        return dq + _dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(0, count, body, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = (dq * config.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(cols_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do_ref,
+                lse_ref, delta_ref, dk_ref, dv_ref, *, config):
+    bq = config.block_q
+    k = k_ref[...]
+    v = v_ref[...]
+    k_pos = kpos_ref[...][None, :]
+    k_valid = kvalid_ref[...][None, :]
+    count = cols_ref[0]
+
+    def body(t, carry):
+        dk, dv = carry
+        start = pl.multiple_of(cols_ref[t + 1] * bq, bq)
+        sl = pl.ds(start, bq)
+        q = q_ref[sl, :]
+        do = do_ref[sl, :]
+        p = _probs(config, q, k, qpos_ref[sl][:, None], k_pos, k_valid, lse_ref[sl])
+        dv = dv + _t_dot(p.astype(do.dtype), do)
+        dp = _dot_t(do, v)
+        ds = p * (dp - delta_ref[sl][:, None])
+        dk = dk + _t_dot(ds.astype(q.dtype), q)
+        return dk, dv
+
+    init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    dk, dv = lax.fori_loop(0, count, body, init)
+    dk_ref[...] = (dk * config.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _pick(size):
+    """Index of a broadcast axis: 0 when the array has one entry there."""
+    return (lambda i: i) if size > 1 else (lambda i: 0)
+
+
+def _specs(q, k, v, q_pos, k_pos, k_valid, table, block, by_query):
+    """BlockSpecs of the inputs shared by the three kernels (table, q, k, v,
+    q_pos, k_pos, k_valid), on the grid ``(B, H, n)``: ``n`` query blocks,
+    or key blocks when not ``by_query``."""
+    T, d = q.shape[1], q.shape[3]
+    S, dv = k.shape[1], v.shape[3]
+    M = table.shape[2]
+    lb = _pick(table.shape[0])
+    table_spec = pl.BlockSpec((None, None, M), lambda b, h, i: (lb(b), i, 0))
+
+    def token_spec(x, length, blocked):
+        pb, ph = _pick(x.shape[0]), _pick(x.shape[1])
+        if blocked:
+            return pl.BlockSpec((None, None, length), lambda b, h, i: (pb(b), ph(h), i))
+        return pl.BlockSpec((None, None, length), lambda b, h, i: (pb(b), ph(h), 0))
+
+    if by_query:
+        bq = block
+        q_spec = pl.BlockSpec((None, bq, None, d), lambda b, h, i: (b, i, h, 0))
+        k_spec = pl.BlockSpec((None, S, None, d), lambda b, h, i: (b, 0, h, 0))
+        v_spec = pl.BlockSpec((None, S, None, dv), lambda b, h, i: (b, 0, h, 0))
+        pos_specs = (token_spec(q_pos, bq, True), token_spec(k_pos, S, False),
+                     token_spec(k_valid, S, False))
+    else:
+        bk = block
+        q_spec = pl.BlockSpec((None, T, None, d), lambda b, h, i: (b, 0, h, 0))
+        k_spec = pl.BlockSpec((None, bk, None, d), lambda b, h, i: (b, i, h, 0))
+        v_spec = pl.BlockSpec((None, bk, None, dv), lambda b, h, i: (b, i, h, 0))
+        pos_specs = (token_spec(q_pos, T, False), token_spec(k_pos, bk, True),
+                     token_spec(k_valid, bk, True))
+    return [table_spec, q_spec, k_spec, v_spec, *pos_specs]
+
+
+def _forward(config, q, k, v, q_pos, k_pos, k_valid, rows):
+    B, T, H, _ = q.shape
+    dv = v.shape[3]
+    bq = config.block_q
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, bq, True)
+    row_spec = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
+    out, lse = pl.pallas_call(
+        functools.partial(_forward_kernel, config=config),
+        grid=(B, H, T // bq),
+        in_specs=specs,
+        out_specs=[
+            pl.BlockSpec((None, bq, None, dv), lambda b, h, i: (b, i, h, 0)),
+            row_spec,
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((B, T, H, dv), q.dtype),
+            jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+        ],
+        interpret=config.interpret,
+        name="block_sparse_attention_forward",
+    )(rows, q, k, v, q_pos, k_pos, k_valid)
+    return out, lse
+
+
+def _backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse, dout, dlse):
+    B, T, H, d = q.shape
+    S, dv = k.shape[1], v.shape[3]
+    bq, bk = config.block_q, config.block_k
+    # delta = rowsum(dO * O) - dlse: (B, H, T), float32.
+    delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32))
+    delta = delta - dlse
+    row_spec = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, bq, True)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, config=config),
+        grid=(B, H, T // bq),
+        in_specs=specs + [
+            pl.BlockSpec((None, bq, None, dv), lambda b, h, i: (b, i, h, 0)),
+            row_spec,
+            row_spec,
+        ],
+        out_specs=pl.BlockSpec((None, bq, None, d), lambda b, h, i: (b, i, h, 0)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=config.interpret,
+        name="block_sparse_attention_dq",
+    )(rows, q, k, v, q_pos, k_pos, k_valid, dout, lse, delta)
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, cols, bk, False)
+    whole_rows = pl.BlockSpec((None, None, T), lambda b, h, i: (b, h, 0))
+    dk, dv_ = pl.pallas_call(
+        functools.partial(_dkv_kernel, config=config),
+        grid=(B, H, S // bk),
+        in_specs=specs + [
+            pl.BlockSpec((None, T, None, dv), lambda b, h, i: (b, 0, h, 0)),
+            whole_rows,
+            whole_rows,
+        ],
+        out_specs=[
+            pl.BlockSpec((None, bk, None, d), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, bk, None, dv), lambda b, h, i: (b, i, h, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        interpret=config.interpret,
+        name="block_sparse_attention_dkv",
+    )(cols, q, k, v, q_pos, k_pos, k_valid, dout, lse, delta)
+    return dq, dk, dv_
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_fn(config):
+    """The differentiable kernel call for one static configuration."""
+
+    @jax.custom_vjp
+    def attend(q, k, v, q_pos, k_pos, k_valid, rows, cols):
+        return _forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
+
+    def fwd(q, k, v, q_pos, k_pos, k_valid, rows, cols):
+        out, lse = _forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
+        return (out, lse), (q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse)
+
+    def bwd(res, cotangents):
+        q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse = res
+        dout, dlse = cotangents
+        dq, dk, dv = _backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols,
+                               out, lse, dout, dlse)
+        return dq, dk, dv, None, None, None, None, None
+
+    attend.defvjp(fwd, bwd)
+    # One compiled program per shapes (eager interpret mode would rebuild
+    # the interpreter's loops at every call).
+    return jax.jit(attend)
+
+
+def default_interpret():
+    """Interpret mode where Pallas cannot compile: on the CPU."""
+    return jax.default_backend() == "cpu"
+
+
+def _positions(pos, batch, heads, length, padded):
+    """int32 ``(B or 1, H or 1, padded)`` positions from None, ``(n,)``,
+    ``(B, n)`` or ``(B, H, n)``."""
+    if pos is None:
+        pos = jnp.arange(length, dtype=jnp.int32)
+    pos = jnp.asarray(pos).astype(jnp.int32)
+    if pos.ndim == 1:
+        pos = pos[None, None]
+    elif pos.ndim == 2:
+        pos = pos[:, None]
+    if pos.shape[-1] != length:
+        raise ValueError(
+            f"positions must have {length} entries on their last axis. "
+            f"Received: shape={tuple(pos.shape)}"
+        )
+    if padded > length:
+        pos = jnp.pad(pos, [(0, 0), (0, 0), (0, padded - length)])
+    return pos
+
+
+def _pad_to(x, axis, size):
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _head_width(d):
+    return max(16, int(pl.next_power_of_2(int(d))))
+
+
+def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=None,
+                           k_pos=None, k_valid=None, scale=None, interpret=None):
+    """Block-sparse flash attention, differentiable (``jax.custom_vjp``).
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        layout: a :class:`BlockLayout` with ``ceil(T / block_q)`` query
+            blocks and ``ceil(S / block_k)`` key blocks.
+        predicate: None (every key of a visited block), or an object with
+            ``allowed(q_pos, k_pos)`` (an
+            :class:`keras_longattn.ops.AttentionPattern`), evaluated inside
+            the kernel on each tile, on ``(bq, 1)`` and ``(1, bk)`` int32
+            positions. Hashable (it is part of the compiled kernel).
+        q_pos: int32 positions of the queries, ``(T,)``, ``(B, T)`` or
+            ``(B, H, T)``. Defaults to ``0 .. T-1``.
+        k_pos: int32 positions of the keys, ``(S,)``, ``(B, S)`` or
+            ``(B, H, S)``. Defaults to ``0 .. S-1``.
+        k_valid: boolean ``(S,)``, ``(B, S)`` or ``(B, H, S)``, False for
+            padded keys. Defaults to all True.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        interpret: run the Pallas interpreter. Defaults to True on the CPU.
+
+    Returns:
+        ``(out, lse)``: ``(B, T, H, dv)`` in the query's dtype and the
+        float32 log-sum-exp ``(B, T, H)`` of each row's visible logits
+        (``MASKED_LOGIT`` and a zero output where a row sees no key).
+    """
+    B, T, H, d = query.shape
+    S, dv = key.shape[1], value.shape[3]
+    bq, bk = layout.block_q, layout.block_k
+    nq, nk = layout.num_query_blocks, layout.num_key_blocks
+    if nq != -(-T // bq) or nk != -(-S // bk):
+        raise ValueError(
+            f"`layout` has {nq} query blocks of {bq} and {nk} key blocks of {bk}, "
+            f"which does not cover T={T} and S={S}. Received: layout with "
+            f"rows.shape={tuple(layout.rows.shape)}, cols.shape={tuple(layout.cols.shape)}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if interpret is None:
+        interpret = default_interpret()
+    dtype = query.dtype
+    if interpret and dtype in (jnp.float16, jnp.bfloat16):
+        # The CPU has no low-precision dot with a float32 result.
+        query, key, value = (x.astype(jnp.float32) for x in (query, key, value))
+    Tp, Sp = nq * bq, nk * bk
+    dp, dvp = _head_width(d), _head_width(dv)
+    q = _pad_to(_pad_to(query, 1, Tp), 3, dp)
+    k = _pad_to(_pad_to(key, 1, Sp), 3, dp)
+    v = _pad_to(_pad_to(value, 1, Sp), 3, dvp)
+    qp = _positions(q_pos, B, H, T, Tp)
+    kp = _positions(k_pos, B, H, S, Sp)
+    if k_valid is None:
+        k_valid = jnp.ones((S,), bool)
+    kv = _positions(jnp.asarray(k_valid).astype(jnp.int32), B, H, S, Sp)
+    config = _Config(predicate, float(scale), bq, bk, bool(interpret))
+    rows = jnp.asarray(layout.rows, jnp.int32)
+    cols = jnp.asarray(layout.cols, jnp.int32)
+    out, lse = _attention_fn(config)(q, k, v, qp, kp, kv, rows, cols)
+    out = out[:, :T, :, :dv].astype(dtype)
+    lse = jnp.transpose(lse[:, :, :T], (0, 2, 1))
+    return out, lse
