@@ -44,9 +44,9 @@ import torch.nn.functional as F
 #: fused kernel against fewer masked scores.
 GRANULE = 32
 
-#: Most scores per call of the fused kernel (keeps each call's temporaries,
+#: Most scores per call of the fused kernel (bounds each call's temporaries,
 #: the additive mask above all, under the allocator's mmap threshold).
-MAX_SCORES_PER_CALL = 1 << 22
+MAX_SCORES_PER_CALL = 1 << 23
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -56,20 +56,20 @@ def _round_up(n, granule, cap):
     return torch.clamp((n + granule - 1) // granule * granule, max=cap)
 
 
-def _inverse(rows, size):
-    """For an injective ``rows`` (``-1`` entries ignored): ``inv`` of length
-    ``size`` with ``inv[rows[e]] = e``, and ``len(rows)`` (a zero row
-    appended to the entries) where no entry points."""
-    inv = torch.full((size + 1,), rows.numel(), dtype=torch.int64)
-    # Entries of -1 write into one extra element, dropped.
-    inv.scatter_(0, torch.where(rows < 0, size, rows), torch.arange(rows.numel()))
-    return inv[:size]
+def _dump_rows(rows, size):
+    """``rows`` with ``-1`` (padding entries) sent to row ``size``: one
+    extra row of a ``(size + 1, D)`` buffer, dropped afterwards."""
+    return torch.where(rows < 0, size, rows)
 
 
-def _with_zero_row(parts):
-    """The 2-D ``parts`` concatenated, with one zero row at the end (what
-    the ``len(rows)`` entries of :func:`_inverse` read)."""
-    return torch.cat(list(parts) + [parts[0].new_zeros((1, parts[0].shape[1]))])
+def _scatter_rows(size, parts, rows):
+    """A ``(size, D)`` tensor holding row ``i`` of ``parts[g]`` at row
+    ``rows[g][i]`` (rows of ``size``: padding, dropped), zeros elsewhere.
+    Every real row is written once: an ``index_copy``, no accumulation."""
+    out = parts[0].new_zeros((size + 1, parts[0].shape[1]))
+    for part, index in zip(parts, rows):
+        out.index_copy_(0, index, part)
+    return out[:size]
 
 
 class _Group:
@@ -90,13 +90,12 @@ class _Group:
 
 class _Plan:
     """Everything :class:`_TokenRoutingAttention` needs besides the tensors:
-    the groups, and the inverse maps from tokens to entry rows."""
+    the groups and the sizes of the token tensors."""
 
-    def __init__(self, groups, q_inverse, k_own_inverse, k_prev_inverse):
+    def __init__(self, groups, num_queries, num_keys):
         self.groups = groups
-        self.q_inverse = q_inverse  # (B*T*H,) query token -> query entry row
-        self.k_own_inverse = k_own_inverse  # (B*S*H,) key -> "own" context row
-        self.k_prev_inverse = k_prev_inverse  # (B*S*H,) key -> "previous" row
+        self.num_queries = num_queries  # B * T * H query rows
+        self.num_keys = num_keys  # B * S * H key rows
 
 
 @torch.no_grad()
@@ -209,7 +208,6 @@ def make_plan(query_buckets, key_buckets, num_buckets, window, query_length,
         kept, _round_up(nq, granule, w) * (2 * w + 1) + _round_up(nk, granule, 2 * w), -1
     )
     groups = []
-    q_entries, k_entries, k_prev_flags = [], [], []
     for size in torch.unique(sizes[kept]).tolist():
         wq, wk = divmod(int(size), 2 * w + 1)
         chunks = torch.nonzero(sizes == size)[:, 0]
@@ -220,25 +218,17 @@ def make_plan(query_buckets, key_buckets, num_buckets, window, query_length,
         allowed = torch.arange(wk) < seen[:, :, None]
         mask = torch.zeros((m, 1, wq, wk), dtype=dtype)
         mask[:, 0].masked_fill_(~allowed, -math.inf)
-        groups.append(_Group(gq_rows.clamp(min=0).reshape(-1),
-                             gk_rows.clamp(min=0).reshape(-1), mask, m, wq, wk))
-        q_entries.append(gq_rows.reshape(-1))
-        k_entries.append(gk_rows.reshape(-1))
-        k_prev_flags.append(from_prev.index_select(0, chunks)[:, :wk].reshape(-1))
-    if groups:
-        q_entries = torch.cat(q_entries)
-        k_entries = torch.cat(k_entries)
-        k_prev = torch.cat(k_prev_flags)
-    else:
-        q_entries = k_entries = torch.zeros((0,), dtype=torch.int64)
-        k_prev = torch.zeros((0,), dtype=torch.bool)
-    n_keys = B * (T if shared else S) * H
-    return _Plan(
-        groups,
-        _inverse(q_entries, B * T * H),
-        _inverse(torch.where(k_prev, -1, k_entries), n_keys),
-        _inverse(torch.where(k_prev, k_entries, -1), n_keys),
-    )
+        group = _Group(gq_rows.clamp(min=0).reshape(-1),
+                       gk_rows.clamp(min=0).reshape(-1), mask, m, wq, wk)
+        # Where each entry's result goes back: its query row, its key row
+        # as an own key, or as a previous-chunk key (the dump row else).
+        n_keys = B * (T if shared else S) * H
+        prev = from_prev.index_select(0, chunks)[:, :wk]
+        group.q_back = _dump_rows(gq_rows.reshape(-1), B * T * H)
+        group.k_own_back = _dump_rows(torch.where(prev, -1, gk_rows).reshape(-1), n_keys)
+        group.k_prev_back = _dump_rows(torch.where(prev, gk_rows, -1).reshape(-1), n_keys)
+        groups.append(group)
+    return _Plan(groups, B * T * H, B * (T if shared else S) * H)
 
 
 def _flash_slices(group, *tensors, **kwargs):
@@ -275,33 +265,35 @@ class _TokenRoutingAttention(torch.autograd.Function):
             saved.append((qg, kg, vg, out, lse))
             outs.append(out.view(-1, q.shape[1]))
         ctx.plan, ctx.scale, ctx.groups_saved = plan, scale, saved
-        ctx.shapes = (q.shape, k.shape)
+        ctx.dims = (q.shape[1], k.shape[1])
         if not outs:
             return q.new_zeros(q.shape)
-        return _with_zero_row(outs).index_select(0, plan.q_inverse)
+        return _scatter_rows(plan.num_queries, outs, [g.q_back for g in plan.groups])
 
     @staticmethod
     def backward(ctx, grad):
         plan = ctx.plan
-        q_shape, k_shape = ctx.shapes
+        d_q, d_k = ctx.dims
         grad = grad.contiguous()
         dqs, dks, dvs = [], [], []
         for group, (qg, kg, vg, out, lse) in zip(plan.groups, ctx.groups_saved):
             dout = grad.index_select(0, group.q_rows).view(group.m, 1, group.wq, -1)
             dq, dk, dv = _flash_slices(group, dout, qg, kg, vg, out, lse,
                                        scale=ctx.scale, backward=True)
-            dqs.append(dq.view(-1, q_shape[1]))
-            dks.append(dk.view(-1, k_shape[1]))
-            dvs.append(dv.view(-1, k_shape[1]))
+            dqs.append(dq.view(-1, d_q))
+            dks.append(dk.view(-1, d_k))
+            dvs.append(dv.view(-1, d_k))
         ctx.groups_saved = None
         if not dqs:
             zeros = grad.new_zeros
-            return zeros(q_shape), zeros(k_shape), zeros(k_shape), None, None
-        dq = _with_zero_row(dqs).index_select(0, plan.q_inverse)
-        dk_entries, dv_entries = _with_zero_row(dks), _with_zero_row(dvs)
-        own, prev = plan.k_own_inverse, plan.k_prev_inverse
-        dk = dk_entries.index_select(0, own).add_(dk_entries.index_select(0, prev))
-        dv = dv_entries.index_select(0, own).add_(dv_entries.index_select(0, prev))
+            return (zeros((plan.num_queries, d_q)), zeros((plan.num_keys, d_k)),
+                    zeros((plan.num_keys, d_k)), None, None)
+        groups = plan.groups
+        dq = _scatter_rows(plan.num_queries, dqs, [g.q_back for g in groups])
+        own = [g.k_own_back for g in groups]
+        prev = [g.k_prev_back for g in groups]
+        dk = _scatter_rows(plan.num_keys, dks, own).add_(_scatter_rows(plan.num_keys, dks, prev))
+        dv = _scatter_rows(plan.num_keys, dvs, own).add_(_scatter_rows(plan.num_keys, dvs, prev))
         return dq, dk, dv, None, None
 
 
