@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from . import registry
+from . import peers, registry
 from .config import (
     MODES,
     BenchmarkArgumentError,
@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help=f"comma-separated short names (known: {known}), class references "
                            "(PACKAGE>CLASS, PACKAGE.MODULE:CLASS), or a Keras layer config as "
                            "JSON or @FILE.json; repeatable; default full,local")
+    what.add_argument("--peers", action="store_true",
+                      help="also run the public PyTorch peers when importable (torch "
+                           "only, installed separately): "
+                           + ", ".join(peers.peer_names()))
     what.add_argument("--lengths", type=_argument_type(parse_lengths, "--lengths"),
                       default=[1024, 4096], metavar="N,N",
                       help="comma-separated sequence lengths ('16k' = 16384); default 1024,4096")
@@ -178,7 +182,8 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
     use_rich = False if args.plain else None
     try:
         results = run_benchmark(
-            layers=args.layers if args.layers is not None else ["full", "local"],
+            layers=(args.layers if args.layers is not None else ["full", "local"])
+            + (peers.peer_names() if args.peers else []),
             lengths=args.lengths,
             backends=args.backends,
             modes=args.modes,

@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from . import peers
 from .config import MODES, BenchmarkArgumentError, BenchmarkConfig
 from .layer_config import check_specs
 from .progress import Progress, make_progress
@@ -623,7 +624,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
     rows: list[dict[str, Any]] = []
     try:
         for index, job in enumerate(jobs, start=1):
-            reason = skip.reason(job)
+            reason = skip.reason(job) or peers.skip_reason(job)
             if reason is not None:
                 outcome = {"status": "skipped", "message": reason}
                 progress.start(index, total, {**job, "status": "skipped"})
