@@ -16,8 +16,9 @@ of local and routing attention the project knows of:
   are the top-w tokens of each centroid, as the authors' code), and it
   trains its centroids in training calls, as the project's layer does.
 
-``keras-longattn bench --peers`` adds both to ``--layers`` (or name them:
-``--layers routing,peer-routing-transformer``). A peer is a Keras layer,
+``keras-longattn bench --peers`` adds both to ``--layers`` (``--peers
+routing-transformer`` one of them); from Python, ``run_benchmark(layers=
+["full", "routing"] + peer_specs())``. A peer is a Keras layer,
 :class:`PeerAttention`, with MultiHeadAttention's projections around the
 peer module, so that ``--scope layer`` and ``--scope attention`` (the
 attention alone, projected heads in and out) both compare like with like
@@ -43,7 +44,7 @@ import dataclasses
 import importlib.util
 from typing import Any, Mapping
 
-__all__ = ["PEERS", "Peer", "peer_names", "register_peers", "skip_reason",
+__all__ = ["PEERS", "Peer", "peer_names", "peer_specs", "skip_reason",
            "unavailable_reason"]
 
 
@@ -52,11 +53,11 @@ class Peer:
     """One peer implementation.
 
     Attributes:
-        name: the peer's name (``PeerAttention(peer=...)``); the benchmark's
-            short name is ``"peer-" + name``.
+        name: the peer's name (``PeerAttention(peer=...)``); its rows are
+            labelled ``"peer-" + name``.
         module: the module imported to run it.
         requirement: what to ``pip install`` (the version measured).
-        config: the :class:`PeerAttention` config of the short name (values
+        config: its :class:`PeerAttention` config in the benchmark (values
             may be ``"${...}"`` placeholders).
         description: one line for ``--list-layers``.
     """
@@ -90,12 +91,12 @@ PEERS: dict[str, Peer] = {
     )
 }
 
-#: Prefix of the peers' short names in the benchmark registry.
+#: Prefix of the peers' row labels.
 PREFIX = "peer-"
 
 
 def peer_names() -> list[str]:
-    """The benchmark short names of every peer (``peer-<name>``)."""
+    """The row labels of every peer (``peer-<name>``)."""
     return [PREFIX + name for name in PEERS]
 
 
@@ -136,18 +137,34 @@ def skip_reason(job: Mapping[str, Any]) -> str | None:
     return unavailable_reason(name, job.get("backend"))
 
 
-def register_peers() -> None:
-    """Registers the ``peer-*`` short names in the benchmark registry
-    (done when :mod:`keras_longattn.benchmarks` is imported)."""
-    from . import registry
+def peer_specs(names: str | list[str] | None = "all") -> list[dict[str, Any]]:
+    """The layer configs of the peers (``"all"``, or names with or without
+    the ``peer-`` prefix, comma-separated or a list), labelled
+    ``peer-<name>`` by their config's ``"name"``: what ``--peers`` adds to
+    ``--layers``. Not in the registry of short names, so that every-layer
+    runs (``keras-longattn lra --layers all``) never include them.
 
-    for peer in PEERS.values():
-        registry.register(
-            PREFIX + peer.name,
-            {
-                "class_name": f"{__package__}.peer_layer:PeerAttention",
-                "config": {"peer": peer.name, **peer.config},
-            },
-            peer.description,
-            overwrite=True,
-        )
+    Raises:
+        ValueError: an unknown peer, naming it and the known ones.
+    """
+    if names is None or names == "all":
+        chosen = list(PEERS)
+    else:
+        items = names.split(",") if isinstance(names, str) else list(names)
+        chosen = []
+        for item in (str(i).strip() for i in items):
+            name = item[len(PREFIX):] if item.startswith(PREFIX) else item
+            if name not in PEERS:
+                raise ValueError(
+                    f"unknown peer {item!r}; the peers are {', '.join(PEERS)}. "
+                    f"Received: peers={names!r}"
+                )
+            if name not in chosen:
+                chosen.append(name)
+    return [
+        {
+            "class_name": f"{__package__}.peer_layer:PeerAttention",
+            "config": {"name": PREFIX + name, "peer": name, **PEERS[name].config},
+        }
+        for name in chosen
+    ]

@@ -217,8 +217,3 @@ _BUILTIN = (
 for _name, _config, _description in _BUILTIN:
     register(_name, _config, _description)
 del _name, _config, _description
-
-# Peer implementations (``peer-*``, torch only, installed separately).
-from .peers import register_peers as _register_peers  # noqa: E402
-
-_register_peers()
