@@ -115,8 +115,9 @@ def test_kernel_equals_portable_sorted_chunks_values_and_gradients(case):
     cot = torch.randn(got.shape, generator=gen)
     grads_want = torch.autograd.grad((want * cot).sum(), [q, key, v])
     grads_got = torch.autograd.grad((got * cot).sum(), [q, key, v])
+    # (With window 1 a query sees one key: softmax 1, no query gradient.)
+    assert float(grads_want[2].abs().max()) > 0
     for name, a, b in zip(("query", "key", "value"), grads_got, grads_want):
-        assert float(b.abs().max()) > 0
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5,
                                    err_msg=name)
 
@@ -130,7 +131,7 @@ def test_kernel_all_padding_and_half_precision():
     q = torch.randn(1, 8, 2, 4, requires_grad=True)
     buckets = torch.full((1, 2, 8), 3)  # every token padding
     out = token_routing_attention(q, q, q, buckets, buckets, 3, 4)
-    assert float(out.abs().max()) == 0.0
+    assert float(out.detach().abs().max()) == 0.0
     (grad,) = torch.autograd.grad(out.sum(), [q])
     assert float(grad.abs().max()) == 0.0
     half = torch.randn(1, 16, 2, 4).to(torch.bfloat16)
