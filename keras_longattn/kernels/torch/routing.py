@@ -9,28 +9,30 @@ quarters of the scores are masked. And autograd's gradient of its row
 gathers is a scatter-add over every gathered row, per slice of chunks.
 
 Here the same attention is computed from a *plan*, integers worked out once
-per call without gradient:
+per call without gradient (:func:`make_plan`):
 
-* each chunk's queries, compacted to the front (in rank order), and its
-  context keys (those of the previous chunk when it belongs to the same
-  bucket, then its own), compacted likewise; a query sees a context key when
-  the key's slot comes before its own (the self rule of shared query/key on
-  top);
+* items sorted once by bucket and position; each chunk's queries compacted
+  to the front, and its context keys (those of the previous chunk when it
+  belongs to the same bucket, then its own, in order) likewise. A query
+  then sees exactly a *prefix* of its chunk's context, so one number per
+  query (the prefix length) gives the mask (the self rule of shared
+  query/key included);
 * chunks grouped by their compacted sizes rounded up to a granule, each
   group one batch of PyTorch's flash attention kernel
-  (``_scaled_dot_product_flash_attention_for_cpu``) with an additive mask;
-* every gather of the plan is injective where it matters: a query token
-  fills one row, a key token one "own" row and at most one "previous" row.
-  The backward pass therefore reads gradients back with row gathers through
-  inverse maps (``index_select``) instead of scatter-adds.
+  (``_scaled_dot_product_flash_attention_for_cpu`` and its backward,
+  called directly) with an additive mask;
+* every query token fills one row, every key token one "own" row and at
+  most one "previous" row: results and gradients go back to the tokens by
+  ``index_copy`` (the previous-row gradients into a second buffer, then
+  added), never by a scatter-add.
 
 A query that sees no key gets zeros, as in the portable form. The result
 equals :func:`~keras_longattn.ops.sorted_chunk_attention` (causal) up to
-float rounding; ``tests/kernels/test_torch_routing.py`` checks values and
-gradients against the dense reference.
+float rounding; ``tests/layers/test_routing_torch.py`` checks values and
+gradients against it and against a dense loop over the chunk timeline.
 
 Shape legend: B batch, T query length, S key length, H heads, d head size,
-dv value head size, w window, M chunks (``B * H * G``), I kept chunks.
+dv value head size, w window, M chunks (``B * H * G``), m chunks of a group.
 """
 
 import math
@@ -44,8 +46,8 @@ import torch.nn.functional as F
 #: fused kernel against fewer masked scores.
 GRANULE = 32
 
-#: Most scores per call of the fused kernel (bounds each call's temporaries,
-#: the additive mask above all, under the allocator's mmap threshold).
+#: Most scores per call of the fused kernel: bounds each call's additive
+#: mask (32 MiB) and temporaries.
 MAX_SCORES_PER_CALL = 1 << 23
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
