@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from . import registry
+from . import peers, registry
 from .config import (
     MODES,
     BenchmarkArgumentError,
@@ -95,6 +95,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _peer_names(text: str) -> str:
+    try:
+        peers.peer_specs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` options to ``parser`` and return it."""
     known = ", ".join(registry.available_layers())
@@ -104,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help=f"comma-separated short names (known: {known}), class references "
                            "(PACKAGE>CLASS, PACKAGE.MODULE:CLASS), or a Keras layer config as "
                            "JSON or @FILE.json; repeatable; default full,local")
+    what.add_argument("--peers", nargs="?", const="all", default=None, metavar="PEERS",
+                      type=_peer_names,
+                      help="also run public PyTorch peers, all or the comma-separated "
+                           f"ones ({', '.join(peers.PEERS)}); torch only, installed "
+                           "separately: a peer that is not importable is reported as "
+                           "skipped")
     what.add_argument("--lengths", type=_argument_type(parse_lengths, "--lengths"),
                       default=[1024, 4096], metavar="N,N",
                       help="comma-separated sequence lengths ('16k' = 16384); default 1024,4096")
@@ -183,7 +197,8 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
     use_rich = False if args.plain else None
     try:
         results = run_benchmark(
-            layers=args.layers if args.layers is not None else ["full", "local"],
+            layers=(args.layers if args.layers is not None else ["full", "local"])
+            + (peers.peer_specs(args.peers) if args.peers else []),
             lengths=args.lengths,
             backends=args.backends,
             modes=args.modes,

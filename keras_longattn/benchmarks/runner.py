@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from . import peers
 from .config import MODES, BenchmarkArgumentError, BenchmarkConfig
 from .efficiency import annotate as annotate_efficiency
 from .layer_config import check_specs
@@ -625,7 +626,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
     rows: list[dict[str, Any]] = []
     try:
         for index, job in enumerate(jobs, start=1):
-            reason = skip.reason(job)
+            reason = skip.reason(job) or peers.skip_reason(job)
             if reason is not None:
                 outcome = {"status": "skipped", "message": reason}
                 progress.start(index, total, {**job, "status": "skipped"})

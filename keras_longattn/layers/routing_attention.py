@@ -2,6 +2,7 @@
 sparse attention inside k-means clusters, with optional local heads."""
 
 import dataclasses
+import importlib
 import math
 import numbers
 
@@ -209,7 +210,7 @@ class RoutingAttention(BaseAttention):
         (arXiv:2003.05997).
     """
 
-    implementations = ("routed", "routed_fused")
+    implementations = ("routed", "routed_torch", "routed_fused")
 
     def __init__(
         self,
@@ -410,6 +411,20 @@ class RoutingAttention(BaseAttention):
         """Cluster blocks with explicit einsums and a masked softmax."""
         return self._clustered(query, key, value, context, fused=False)
 
+    @implementation("routed_torch", kind="fused", dropout=False)
+    def _routed_torch(self, query, key, value, context):
+        """PyTorch only: token routing through the planned flash-attention
+        kernel of ``keras_longattn.kernels.torch.routing`` (compacted
+        chunks, gather-only backward); balanced clusters and local heads as
+        ``"routed_fused"``."""
+        return self._clustered(query, key, value, context, fused=True, torch_kernel=True)
+
+    @_routed_torch.refuses
+    def _routed_torch(self, context):
+        if keras.backend.backend() != "torch":
+            return f"needs the torch backend (active: {keras.backend.backend()})"
+        return None
+
     @implementation("routed_fused", kind="fused", dropout=False)
     def _routed_fused(self, query, key, value, context):
         """The same blocks through ``keras.ops.dot_product_attention``."""
@@ -464,14 +479,14 @@ class RoutingAttention(BaseAttention):
                         "kernel's int32 positions")
         return None
 
-    def _clustered(self, query, key, value, context, fused):
+    def _clustered(self, query, key, value, context, fused, torch_kernel=False):
         if not la_ops.shapes.is_static(context.query_length, context.key_length):
             return self._at_least_window(
-                self._clustered_core, query, key, value, context, fused
+                self._clustered_core, query, key, value, context, fused, torch_kernel
             )
-        return self._clustered_core(query, key, value, context, fused)
+        return self._clustered_core(query, key, value, context, fused, torch_kernel)
 
-    def _clustered_core(self, query, key, value, context, fused):
+    def _clustered_core(self, query, key, value, context, fused, torch_kernel=False):
         T, S = context.query_length, context.key_length
         dropout_fn = self._dropout_fn(context.training)
         scale = self._inverse_sqrt_key_dim
@@ -512,6 +527,20 @@ class RoutingAttention(BaseAttention):
                     scale=scale,
                     dropout_fn=None if fused else dropout_fn,
                     fused=fused,
+                )
+            elif torch_kernel:
+                # Imported here: layers never import a backend themselves.
+                kernel = importlib.import_module("keras_longattn.kernels.torch.routing")
+                out = kernel.token_routing_attention(
+                    q_rt,
+                    routing.keys,
+                    v_rt,
+                    routing.query_clusters,
+                    routing.key_clusters,
+                    self.num_clusters,
+                    routing.window,
+                    shared=self.shared_qk,
+                    scale=scale,
                 )
             else:
                 out = la_ops.sorted_chunk_attention(
