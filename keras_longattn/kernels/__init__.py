@@ -22,6 +22,10 @@ backend without its own entry gets):
   sorted-chunk attention should hold at most (None: no limit);
 * ``compile(fn, static_argnames)``: the backend's compile policy for a
   kernel made of many small operations (:func:`compiled` applies it);
+* ``kernelized``: a module of kernelized attention with hand-written
+  gradients (``associative_attention`` and ``softmax_kernel_features``, the
+  arguments and results of :mod:`keras_longattn.ops.kernelized` and
+  :mod:`keras_longattn.ops.performer`), or None where the backend has none;
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
@@ -48,6 +52,8 @@ class BackendOps:
     auto_preference = ("explicit", "fused")
     #: Most scores per fused call of sorted-chunk attention (None: no limit).
     max_scores_per_call = None
+    #: Kernelized attention with hand-written gradients (None: none).
+    kernelized = None
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""
