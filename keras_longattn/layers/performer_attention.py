@@ -279,12 +279,14 @@ class PerformerAttention(BaseAttention):
         functions with written-out backward passes (PyTorch)."""
         fused = fused_kernelized()
         projection = self.projection(context.training)
+        # Head-major (B, H, n, m) features: no transposed copy of them.
         qf = fused.softmax_kernel_features(
-            query, projection, is_query=True, causal=context.causal
+            query, projection, is_query=True, causal=context.causal,
+            head_major=True,
         )
         kf = fused.softmax_kernel_features(
             key, projection, is_query=False, causal=context.causal,
-            mask=context.padding.key_mask,
+            mask=context.padding.key_mask, head_major=True,
         )
         return fused.associative_attention(
             qf, kf, value,
@@ -292,6 +294,7 @@ class PerformerAttention(BaseAttention):
             key_mask=context.padding.key_mask,
             chunk_size=self.chunk_size,
             epsilon=self.epsilon,
+            head_major=True,
         )
 
     @_favor_fused.refuses

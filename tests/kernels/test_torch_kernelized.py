@@ -57,9 +57,10 @@ CASES = [
 
 
 @torch_only
+@pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_associative_attention_matches_portable(case, causal):
+def test_associative_attention_matches_portable(case, causal, head_major):
     B, T, S, H, F, D, chunk, masked = case
     fused = backend_ops().kernelized
     arrays = [
@@ -75,6 +76,12 @@ def test_associative_attention_matches_portable(case, causal):
 
     def make(module):
         def fn(q, k, v):
+            if module is not kernelized and head_major:
+                # (B, H, n, F) features: the same function of q and k.
+                return module.associative_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v, causal=causal,
+                    key_mask=mask, chunk_size=chunk, head_major=True,
+                )
             return module.associative_attention(
                 q, k, v, causal=causal, key_mask=mask, chunk_size=chunk
             )
@@ -132,12 +139,13 @@ def test_causal_gradients_do_not_reach_the_past():
 
 
 @torch_only
+@pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize(
     "is_query,causal,masked",
     [(True, False, False), (True, True, False), (False, False, False),
      (False, True, False), (False, False, True), (False, True, True)],
 )
-def test_softmax_kernel_features_match_portable(is_query, causal, masked):
+def test_softmax_kernel_features_match_portable(is_query, causal, masked, head_major):
     import torch
 
     fused = backend_ops().kernelized
@@ -150,7 +158,11 @@ def test_softmax_kernel_features_match_portable(is_query, causal, masked):
     def make(fn):
         return lambda a, b: fn(a, b, is_query=is_query, causal=causal, mask=mask)
 
-    out, grads = _grads(make(fused.softmax_kernel_features), [x, w])
+    def fast(a, b, **kwargs):
+        out = fused.softmax_kernel_features(a, b, head_major=head_major, **kwargs)
+        return out.transpose(1, 2) if head_major else out
+
+    out, grads = _grads(make(fast), [x, w])
     ref, ref_grads = _grads(make(performer_ops.softmax_kernel_features), [x, w])
     _close(out, ref)
     for g, r in zip(grads, ref_grads):

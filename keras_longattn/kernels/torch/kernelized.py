@@ -39,23 +39,26 @@ from keras_longattn.ops.kernelized import DEFAULT_EPSILON
 from keras_longattn.ops.kernelized import check_chunk_size
 
 
-def _to_chunks(x, padded, chunk):
-    """``(B, L, H, X)`` to head-major chunks ``(B * H * N, C, X)``
-    (zero rows appended up to ``padded``)."""
-    B, L, H, X = x.shape
-    x = x.transpose(1, 2)
+def _to_chunks(x, padded, chunk, head_major=False):
+    """``(B, L, H, X)`` (``(B, H, L, X)`` when ``head_major``) to
+    head-major chunks ``(B * H * N, C, X)`` (zero rows appended up to
+    ``padded``; a view when ``x`` is head-major and ``L = padded``)."""
+    if not head_major:
+        x = x.transpose(1, 2)
+    B, H, L, X = x.shape
     if padded != L:
         x = nnf.pad(x, (0, 0, 0, padded - L))
     return x.reshape(B * H * (padded // chunk), chunk, X)
 
 
-def _from_chunks(x, B, H, length):
-    """Inverse of :func:`_to_chunks`: ``(B, length, H, X)`` (a view)."""
-    X = x.shape[-1]
-    return x.reshape(B, H, -1, X)[:, :, :length].transpose(1, 2)
+def _from_chunks(x, B, H, length, head_major=False):
+    """Inverse of :func:`_to_chunks`: a view ``(B, length, H, X)`` (or
+    ``(B, H, length, X)``)."""
+    x = x.reshape(B, H, -1, x.shape[-1])[:, :, :length]
+    return x if head_major else x.transpose(1, 2)
 
 
-def _mask_keys(key_features, value, key_mask):
+def _mask_keys(key_features, value, key_mask, head_major=False):
     """Masked keys get features and values of exact zeros (``where``: a NaN
     there must not leak)."""
     if key_mask is None:
@@ -63,9 +66,10 @@ def _mask_keys(key_features, value, key_mask):
     mask = key_mask.to(torch.bool)
     if mask.dim() == 2:  # (B, S)
         mask = mask[:, :, None]
-    mask = mask[..., None]
+    mask = mask[..., None]  # (B, S, H or 1, 1)
     zero = torch.zeros((), dtype=key_features.dtype, device=key_features.device)
-    return torch.where(mask, key_features, zero), torch.where(mask, value, zero)
+    fmask = mask.transpose(1, 2) if head_major else mask
+    return torch.where(fmask, key_features, zero), torch.where(mask, value, zero)
 
 
 def _exclusive_cumsum(x, reverse=False):
@@ -92,15 +96,16 @@ def _exclusive_cumsum(x, reverse=False):
 
 class _CausalKernelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, qf, kf, v, chunk, epsilon):
-        B, T, H, F = qf.shape
-        S, D = kf.shape[1], v.shape[-1]
+    def forward(ctx, qf, kf, v, chunk, epsilon, head_major):
+        B, S, H, D = v.shape
+        T = qf.shape[2 if head_major else 1]
+        F = qf.shape[-1]
         L = max(T, S)
         C = min(chunk, L)
         N = -(-L // C)
         padded = N * C
-        q = _to_chunks(qf, padded, C)  # (G, C, F)
-        k = _to_chunks(kf, padded, C)
+        q = _to_chunks(qf, padded, C, head_major)  # (G, C, F)
+        k = _to_chunks(kf, padded, C, head_major)
         val = _to_chunks(v, padded, C)  # (G, C, D)
         G = q.shape[0]
         BH = G // N
@@ -118,13 +123,13 @@ class _CausalKernelAttention(torch.autograd.Function):
         safe = den.clamp_min(epsilon)
         out = num.div_(safe.unsqueeze(-1))
         ctx.save_for_backward(q, k, val, weights, past, past_ks, den, safe, out)
-        ctx.dims = (B, T, S, H, N, epsilon)
+        ctx.dims = (B, T, S, H, N, epsilon, head_major)
         return _from_chunks(out, B, H, T)
 
     @staticmethod
     def backward(ctx, grad):
         q, k, val, weights, past, past_ks, den, safe, out = ctx.saved_tensors
-        B, T, S, H, N, epsilon = ctx.dims
+        B, T, S, H, N, epsilon, head_major = ctx.dims
         G, C, F = q.shape
         D = val.shape[-1]
         BH = G // N
@@ -151,9 +156,10 @@ class _CausalKernelAttention(torch.autograd.Function):
         g_k.baddbmm_(val, g_kv.transpose(1, 2)).add_(g_ks)
         g_v.baddbmm_(k, g_kv)
         return (
-            _from_chunks(g_q, B, H, T),
-            _from_chunks(g_k, B, H, S),
+            _from_chunks(g_q, B, H, T, head_major),
+            _from_chunks(g_k, B, H, S, head_major),
             _from_chunks(g_v, B, H, S),
+            None,
             None,
             None,
         )
@@ -161,12 +167,16 @@ class _CausalKernelAttention(torch.autograd.Function):
 
 class _KernelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, qf, kf, v, epsilon):
+    def forward(ctx, qf, kf, v, epsilon, head_major):
         # Head-major: (BH, T, F), (BH, S, F), (BH, S, D).
-        B, T, H, F = qf.shape
-        q = qf.transpose(1, 2).reshape(B * H, T, F)
-        k = kf.transpose(1, 2).reshape(B * H, -1, F)
-        val = v.transpose(1, 2).reshape(B * H, k.shape[1], -1)
+        B, S, H, D = v.shape
+        F = qf.shape[-1]
+        if not head_major:
+            qf, kf = qf.transpose(1, 2), kf.transpose(1, 2)
+        T = qf.shape[2]
+        q = qf.reshape(B * H, T, F)
+        k = kf.reshape(B * H, S, F)
+        val = v.transpose(1, 2).reshape(B * H, S, D)
         kv = torch.bmm(k.transpose(1, 2), val)  # (BH, F, D)
         ks = k.sum(1)  # (BH, F)
         num = torch.bmm(q, kv)  # (BH, T, D)
@@ -174,13 +184,13 @@ class _KernelAttention(torch.autograd.Function):
         safe = den.clamp_min(epsilon)
         out = num.div_(safe.unsqueeze(-1))
         ctx.save_for_backward(q, k, val, kv, ks, den, safe, out)
-        ctx.dims = (B, H, epsilon)
+        ctx.dims = (B, H, epsilon, head_major)
         return out.view(B, H, T, -1).transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad):
         q, k, val, kv, ks, den, safe, out = ctx.saved_tensors
-        B, H, epsilon = ctx.dims
+        B, H, epsilon, head_major = ctx.dims
         BH, T, F = q.shape
         S, D = k.shape[1], val.shape[-1]
         g = grad.to(out.dtype).transpose(1, 2).reshape(BH, T, D)
@@ -195,10 +205,14 @@ class _KernelAttention(torch.autograd.Function):
         g_k = torch.bmm(val, g_kv.transpose(1, 2)).add_(g_ks)
         g_v = torch.bmm(k, g_kv)
 
-        def back(x, n):
-            return x.view(B, H, n, -1).transpose(1, 2)
+        def back(x, n, head_major=False):
+            x = x.view(B, H, n, -1)
+            return x if head_major else x.transpose(1, 2)
 
-        return back(g_q, T), back(g_k, S), back(g_v, S), None
+        return (
+            back(g_q, T, head_major), back(g_k, S, head_major), back(g_v, S),
+            None, None,
+        )
 
 
 def _eager(fn):
@@ -220,9 +234,13 @@ def causal_kernel_attention(
     key_mask=None,
     chunk_size=DEFAULT_CHUNK_SIZE,
     epsilon=DEFAULT_EPSILON,
+    head_major=False,
 ):
     """:func:`keras_longattn.ops.kernelized.causal_kernel_attention` with a
-    written-out backward pass (same arguments; torch tensors).
+    written-out backward pass (same arguments; torch tensors). With
+    ``head_major`` the features are ``(B, H, T, F)`` and ``(B, H, S, F)``
+    (as :func:`softmax_kernel_features` gives them), which spares two
+    transposed copies of ``F``-wide tensors.
 
     Returns:
         ``(B, T, H, D)`` in the dtype of ``value``.
@@ -230,21 +248,25 @@ def causal_kernel_attention(
     chunk_size = check_chunk_size(chunk_size)
     dtype = value.dtype
     qf = query_features.float()
-    kf, v = _mask_keys(key_features.float(), value.float(), key_mask)
-    out = _CausalKernelAttention.apply(qf, kf, v, chunk_size, float(epsilon))
+    kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
+    out = _CausalKernelAttention.apply(
+        qf, kf, v, chunk_size, float(epsilon), bool(head_major)
+    )
     return out.to(dtype)
 
 
 @_eager
 def kernel_attention(
-    query_features, key_features, value, key_mask=None, epsilon=DEFAULT_EPSILON
+    query_features, key_features, value, key_mask=None, epsilon=DEFAULT_EPSILON,
+    head_major=False,
 ):
     """:func:`keras_longattn.ops.kernelized.kernel_attention` with a
-    written-out backward pass (same arguments; torch tensors)."""
+    written-out backward pass (same arguments; torch tensors; features
+    ``(B, H, n, F)`` when ``head_major``)."""
     dtype = value.dtype
     qf = query_features.float()
-    kf, v = _mask_keys(key_features.float(), value.float(), key_mask)
-    return _KernelAttention.apply(qf, kf, v, float(epsilon)).to(dtype)
+    kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
+    return _KernelAttention.apply(qf, kf, v, float(epsilon), bool(head_major)).to(dtype)
 
 
 def associative_attention(
@@ -255,26 +277,33 @@ def associative_attention(
     key_mask=None,
     chunk_size=DEFAULT_CHUNK_SIZE,
     epsilon=DEFAULT_EPSILON,
+    head_major=False,
 ):
     """:func:`keras_longattn.ops.kernelized.associative_attention`, either
-    mode, with written-out backward passes."""
+    mode, with written-out backward passes (features ``(B, H, n, F)`` when
+    ``head_major``)."""
     if causal:
         return causal_kernel_attention(
             query_features, key_features, value, key_mask=key_mask,
-            chunk_size=chunk_size, epsilon=epsilon,
+            chunk_size=chunk_size, epsilon=epsilon, head_major=head_major,
         )
     return kernel_attention(
-        query_features, key_features, value, key_mask=key_mask, epsilon=epsilon
+        query_features, key_features, value, key_mask=key_mask, epsilon=epsilon,
+        head_major=head_major,
     )
 
 
 class _SoftmaxKernelFeatures(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, projection, is_query, causal, keep):
+    def forward(ctx, x, projection, is_query, causal, keep, head_major):
         B, n, H, d = x.shape
         m = projection.shape[0]
         scale = float(d) ** -0.25
-        u = (x * scale).reshape(-1, d)  # (B n H, d)
+        u = x * scale
+        if head_major:  # rows (B, H, n): transpose the d-wide input only
+            u = u.transpose(1, 2)
+        u = u.reshape(-1, d)
+        shape = (B, H, n, m) if head_major else (B, n, H, m)
         # z = u W^T - |u|^2 / 2, then shifted, exponentiated in place.
         z = torch.addmm(u.square().sum(-1, keepdim=True), u, projection.t(), beta=-0.5)
         half_bound = 0.25 * projection.square().sum(-1).max()
@@ -286,46 +315,58 @@ class _SoftmaxKernelFeatures(torch.autograd.Function):
         elif causal:
             z.sub_(half_bound)
         else:
-            rows = z.amax(-1).view(B, n, H)
+            rows = z.amax(-1).view(B, H, n) if head_major else z.amax(-1).view(B, n, H)
             if keep is not None:
-                rows = rows.masked_fill(~keep[:, :, None], float("-inf"))
-            shift = rows.amax(1, keepdim=True)  # (B, 1, H)
+                pad = ~keep[:, None, :] if head_major else ~keep[:, :, None]
+                rows = rows.masked_fill(pad, float("-inf"))
+            # One shift per example and head: (B, H, 1, 1) or (B, 1, H, 1).
+            shift = rows.amax(2 if head_major else 1, keepdim=True).unsqueeze(-1)
             shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-            z.view(B, n, H, m).sub_(shift.unsqueeze(-1))
+            z.view(shape).sub_(shift)
         if keep is not None:
-            z.view(B, n, H, m).masked_fill_(~keep[:, :, None, None], float("-inf"))
+            pad = ~keep[:, None, :, None] if head_major else ~keep[:, :, None, None]
+            z.view(shape).masked_fill_(pad, float("-inf"))
         phi = z.exp_().mul_(float(m) ** -0.5)
         ctx.save_for_backward(u, projection, phi)
         ctx.scale = scale
-        return phi.view(B, n, H, m)
+        ctx.head_major = head_major
+        return phi.view(shape)
 
     @staticmethod
     def backward(ctx, grad):
         u, projection, phi = ctx.saved_tensors
-        B, n, H, m = grad.shape
-        d = u.shape[-1]
+        m, d = projection.shape
         g = grad.reshape(-1, m) * phi  # (B n H, m)
         g_x = None
         g_w = None
         if ctx.needs_input_grad[0]:
             g_u = torch.mm(g, projection)
             g_u.addcmul_(u, g.sum(-1, keepdim=True), value=-1.0)
-            g_x = g_u.mul_(ctx.scale).view(B, n, H, d)
+            g_u.mul_(ctx.scale)
+            if ctx.head_major:
+                B, H, n, _ = grad.shape
+                g_x = g_u.view(B, H, n, d).transpose(1, 2)
+            else:
+                g_x = g_u.view(grad.shape[:-1] + (d,))
         if ctx.needs_input_grad[1]:
             g_w = torch.mm(g.t(), u)
-        return g_x, g_w, None, None, None
+        return g_x, g_w, None, None, None, None
 
 
 @_eager
-def softmax_kernel_features(x, projection, is_query, causal=False, mask=None):
+def softmax_kernel_features(
+    x, projection, is_query, causal=False, mask=None, head_major=False
+):
     """:func:`keras_longattn.ops.performer.softmax_kernel_features` as one
     function with a written-out gradient (same arguments and stabilisers;
     the shifts are constants for the gradient, as there).
 
     Returns:
-        float32 ``(B, n, H, m)``.
+        float32 ``(B, n, H, m)``, or ``(B, H, n, m)`` when ``head_major``
+        (the layout the attention functions take with ``head_major``).
     """
     keep = None if mask is None else mask.to(torch.bool)
     return _SoftmaxKernelFeatures.apply(
-        x.float(), projection.float(), bool(is_query), bool(causal), keep
+        x.float(), projection.float(), bool(is_query), bool(causal), keep,
+        bool(head_major),
     )
