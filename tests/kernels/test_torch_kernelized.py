@@ -215,3 +215,25 @@ def test_fused_paths_are_refused_without_the_backend_entry(layer_cls, fast, kwar
     layer = layer_cls(num_heads=2, key_dim=8, implementation=fast, **kwargs)
     with pytest.raises(ValueError, match="written-out gradients"):
         layer(x, x)
+
+
+# ------------------------------------------- the conformance suite, fused
+# The layers' conformance classes rerun with the fused paths (PyTorch only):
+# reference equality, causality, padding, mixed precision, save/load, jit.
+from tests.layers import test_linear_attention as _linear_tests  # noqa: E402
+from tests.layers import test_performer_attention as _performer_tests  # noqa: E402
+
+
+@torch_only
+class TestLinearAttentionKernelFused(_linear_tests.TestLinearAttentionKernel):
+    implementation = "kernel_fused"
+
+
+@torch_only
+class TestPerformerFavorFused(_performer_tests.TestPerformerFavor):
+    implementation = "favor_fused"
+
+
+@torch_only
+class TestPerformerRedrawnFused(_performer_tests.TestPerformerRedrawn):
+    implementation = "favor_fused"
