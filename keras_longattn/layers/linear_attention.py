@@ -112,8 +112,8 @@ class LinearAttention(BaseAttention):
     >>> x = np.random.rand(2, 50, 16).astype("float32")
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 50, 16)
-    >>> layer.last_implementation
-    'kernel'
+    >>> layer.last_implementation in ("kernel", "kernel_fused")  # fused on PyTorch
+    True
 
     Reference:
         Katharopoulos, Vyas, Pappas and Fleuret, "Transformers are RNNs:
