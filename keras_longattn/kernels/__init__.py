@@ -28,6 +28,10 @@ backend without its own entry gets):
   value_dim)`` is None (the
   portable table has none: it refuses every call); ``strided_attention``
   likewise, for the Sparse Transformer's strided pattern;
+* ``kernelized``: a module of kernelized attention with hand-written
+  gradients (``associative_attention`` and ``softmax_kernel_features``, the
+  arguments and results of :mod:`keras_longattn.ops.kernelized` and
+  :mod:`keras_longattn.ops.performer`), or None where the backend has none;
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
@@ -59,6 +63,8 @@ class BackendOps:
     auto_preference = ("explicit", "fused")
     #: Most scores per fused call of sorted-chunk attention (None: no limit).
     max_scores_per_call = None
+    #: Kernelized attention with hand-written gradients (None: none).
+    kernelized = None
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""

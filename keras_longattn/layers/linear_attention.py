@@ -6,6 +6,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import kernelized
@@ -22,6 +23,19 @@ def check_epsilon(epsilon):
             f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}"
         )
     return float(epsilon)
+
+
+#: Why ``"kernel_fused"`` refuses a call on a backend without the entry.
+NO_FUSED_KERNEL = (
+    "the backend has no kernelized attention with written-out gradients "
+    "(BackendOps.kernelized is None; keras_longattn.kernels)"
+)
+
+
+def fused_kernelized():
+    """The active backend's module of kernelized attention with written-out
+    gradients, or None (:attr:`keras_longattn.kernels.BackendOps.kernelized`)."""
+    return backend_ops().kernelized
 
 
 def refuse_dropout(layer):
@@ -74,6 +88,9 @@ class LinearAttention(BaseAttention):
     Implementations:
         ``"kernel"``: the associative form (chunked prefix sums when
         causal): O(n * d * dv) time per head.
+        ``"kernel_fused"``: the same, one function per mode with a
+        written-out backward pass (PyTorch only: fewer passes over memory;
+        ``"auto"`` prefers it there; refused on other backends).
         ``"reference"``: the explicit quadratic form, O(T * S).
 
     Args:
@@ -95,8 +112,8 @@ class LinearAttention(BaseAttention):
     >>> x = np.random.rand(2, 50, 16).astype("float32")
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 50, 16)
-    >>> layer.last_implementation
-    'kernel'
+    >>> layer.last_implementation in ("kernel", "kernel_fused")  # fused on PyTorch
+    True
 
     Reference:
         Katharopoulos, Vyas, Pappas and Fleuret, "Transformers are RNNs:
@@ -138,6 +155,23 @@ class LinearAttention(BaseAttention):
             chunk_size=self.chunk_size,
             epsilon=self.epsilon,
         )
+
+    @implementation("kernel_fused", kind="fused", dropout=False)
+    def _kernel_fused(self, query, key, value, context):
+        """The associative form as one function per mode with a written-out
+        backward pass (PyTorch; the same numbers as ``"kernel"``)."""
+        qf, kf = self.features(query), self.features(key)
+        return fused_kernelized().associative_attention(
+            qf, kf, value,
+            causal=context.causal,
+            key_mask=context.padding.key_mask,
+            chunk_size=self.chunk_size,
+            epsilon=self.epsilon,
+        )
+
+    @_kernel_fused.refuses
+    def _kernel_fused(self, context):
+        return NO_FUSED_KERNEL if fused_kernelized() is None else None
 
     def _attention_reference(self, query, key, value, context):
         """The explicit ``(T, S)`` weights ``phi(q_i) . phi(k_j)`` under the

@@ -9,7 +9,9 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
+from keras_longattn.layers.linear_attention import NO_FUSED_KERNEL
 from keras_longattn.layers.linear_attention import check_epsilon
+from keras_longattn.layers.linear_attention import fused_kernelized
 from keras_longattn.layers.linear_attention import refuse_dropout
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import performer as performer_ops
@@ -156,6 +158,9 @@ class PerformerAttention(BaseAttention):
 
     Implementations:
         ``"favor"``: the associative form, O(n * m * dv) time per head.
+        ``"favor_fused"``: the same, the feature map and each mode one
+        function with a written-out backward pass (PyTorch only; ``"auto"``
+        prefers it there; refused on other backends).
         ``"reference"``: the explicit quadratic form: the ``(T, S)``
         weights ``phi(q_i) . phi(k_j)`` of the same features, masked and
         normalised per row.
@@ -267,6 +272,34 @@ class PerformerAttention(BaseAttention):
             chunk_size=self.chunk_size,
             epsilon=self.epsilon,
         )
+
+    @implementation("favor_fused", kind="fused", dropout=False)
+    def _favor_fused(self, query, key, value, context):
+        """``"favor"`` with the feature map and the associative form as
+        functions with written-out backward passes (PyTorch)."""
+        fused = fused_kernelized()
+        projection = self.projection(context.training)
+        # Head-major (B, H, n, m) features: no transposed copy of them.
+        qf = fused.softmax_kernel_features(
+            query, projection, is_query=True, causal=context.causal,
+            head_major=True,
+        )
+        kf = fused.softmax_kernel_features(
+            key, projection, is_query=False, causal=context.causal,
+            mask=context.padding.key_mask, head_major=True,
+        )
+        return fused.associative_attention(
+            qf, kf, value,
+            causal=context.causal,
+            key_mask=context.padding.key_mask,
+            chunk_size=self.chunk_size,
+            epsilon=self.epsilon,
+            head_major=True,
+        )
+
+    @_favor_fused.refuses
+    def _favor_fused(self, context):
+        return NO_FUSED_KERNEL if fused_kernelized() is None else None
 
     def _attention_reference(self, query, key, value, context):
         """The explicit ``(T, S)`` weights of the same features under the

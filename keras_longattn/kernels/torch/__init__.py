@@ -26,6 +26,14 @@ class TorchOps(BackendOps):
     auto_preference = ("fused", "explicit")
     max_scores_per_call = MAX_SCORES_PER_CALL
 
+    @property
+    def kernelized(self):
+        # Written-out backward passes for LinearAttention and
+        # PerformerAttention (kernels/torch/kernelized.py).
+        from keras_longattn.kernels.torch import kernelized
+
+        return kernelized
+
     def take_rows(self, x, rows):
         x = ops.convert_to_tensor(x)
         rows = ops.convert_to_tensor(rows).to(torch.int64)
