@@ -113,11 +113,14 @@ class BackendOps:
         return f"no band-attention kernel on the {self.name} backend"
 
     def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
-                       key_mask=None, scale=None):
+                       key_mask=None, scale=None, extra_keys=None, extra_values=None,
+                       extra_mask=None):
         """Exact sliding-window attention (keys ``i - look_back .. i +
         look_ahead``) of ``(B, T, H, d)`` heads by a backend kernel; a query
-        that sees no key gets zeros. Only where
-        :meth:`band_attention_refusal` is None."""
+        that sees no key gets zeros. ``extra_keys`` / ``extra_values``
+        ``(B, G, H, d)`` with the boolean ``extra_mask`` ``(B, T, G)``: a
+        few more keys in the same softmax (Longformer's global keys). Only
+        where :meth:`band_attention_refusal` is None."""
         raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
 
     def strided_attention(self, q, k, v, stride, causal, window_heads, scale):

@@ -6,6 +6,7 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
@@ -102,8 +103,11 @@ class LongformerAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"pallas"`` or
-            ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"band_kernel"``, ``"blocked_fused"``,
+            ``"pallas"`` or ``"reference"``; ``"band_kernel"`` is the
+            backend's band kernel with the global keys in the same softmax,
+            PyTorch on the CPU only, float32, dilation 1, equal query and
+            key lengths, preferred by ``"auto"`` there).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -132,7 +136,7 @@ class LongformerAttention(BaseAttention):
     >>> global_mask[:, 0] = True  # e.g. a classification token
     >>> tuple(layer(x, x, global_mask=global_mask).shape)
     (2, 12, 16)
-    >>> layer.last_implementation in ("blocked", "blocked_fused")  # torch: fused
+    >>> layer.last_implementation in ("blocked", "blocked_fused")  # dilated: no band kernel
     True
 
     Reference:
@@ -404,6 +408,24 @@ class LongformerAttention(BaseAttention):
         )
         return self._longformer(query, key, value, context, dropout_fn=dropout_fn)
 
+    @implementation("band_kernel", kind="fused", dropout=False)
+    def _band_kernel(self, query, key, value, context):
+        """The window and the global keys in one call of the backend's band
+        kernel (PyTorch on the CPU: ``keras_longattn/kernels/torch/band.py``,
+        the global keys merged by log-sum-exp inside its autograd
+        function), then the global rows as in ``"blocked_fused"``."""
+        return self._longformer(query, key, value, context,
+                                band_kernel=backend_ops().band_attention)
+
+    @_band_kernel.refuses
+    def _band_kernel(self, context):
+        if any(r != 1 for r in self.dilations):
+            return f"dilated windows (dilation={list(self.dilations)}) are not in the band kernel"
+        return backend_ops().band_attention_refusal(
+            self.compute_dtype, context.query_length, context.key_length,
+            self.key_dim, self.value_dim or self.key_dim,
+        )
+
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``,
@@ -472,7 +494,9 @@ class LongformerAttention(BaseAttention):
             global_projections=projections,
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
-            block_size=self.block_size,
+            block_size=(la_longformer.fused_block_size(self.window)
+                        if path.get("band_kernel") is not None and self.block_size is None
+                        else self.block_size),
             **path,
         )
 

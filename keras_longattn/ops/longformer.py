@@ -225,6 +225,7 @@ def longformer_attention(
     block_size=None,
     dropout_fn=None,
     fused=False,
+    band_kernel=None,
 ):
     """Longformer attention in O(n * (w + G)) time and memory.
 
@@ -267,6 +268,10 @@ def longformer_attention(
             backend's fused kernel): the global keys are appended to the
             keys of every window block, so that one softmax covers both
             (no log-sum-exp merge); no dropout.
+        band_kernel: optional backend band kernel with the signature of
+            :meth:`keras_longattn.kernels.BackendOps.band_attention`: the
+            window and the global keys in one call (its ``extra_keys``),
+            then the global rows as above. Dilation 1 only; no dropout.
 
     Returns:
         ``(B, T, H, dv)``. Queries with no visible key get zeros.
@@ -302,12 +307,32 @@ def longformer_attention(
         values_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, value.dtype), value)
         subset_pattern = CausalPattern() if causal else FullPattern()
 
+    if band_kernel is not None:
+        if dropout_fn is not None or any(r != 1 for r in dilations):
+            raise ValueError("`band_kernel` takes dilation 1 and no dropout.")
+        extra = {}
+        if slots is not None:
+            # A global key inside a query's window is seen there (once);
+            # the extra keys hold it for the queries outside. The band's
+            # key mask then stays the padding alone: its blocks share one
+            # mask when nothing is padded.
+            q_pos = ops.arange(T, dtype="int32")[None, :, None]
+            g_pos = positions[:, None, :]  # (B, 1, G)
+            in_band = ops.logical_and(g_pos >= q_pos - look_back, g_pos <= q_pos + look_ahead)
+            seen = ops.logical_and(k_valid[:, None, :], ops.logical_not(in_band))
+            if causal:
+                seen = ops.logical_and(seen, g_pos <= q_pos)  # (B, T, G)
+            extra = dict(extra_keys=keys_g, extra_values=values_g,
+                         extra_mask=ops.broadcast_to(seen, (batch, T, G)))
+        band_keys = None if key_mask is None else ops.cast(key_mask, "bool")
+        out = band_kernel(query, key, value, look_back, look_ahead, block_size=block_size,
+                          key_mask=band_keys, scale=scale, **extra)
+        if slots is None:
+            return out
+        fused = True  # the global rows below: no dropout, fused kernel
     # 1. The band, one layout per distinct dilation.
-    groups = {}
-    for h, r in enumerate(dilations):
-        groups.setdefault(r, []).append(h)
     outs, lses, order = [], [], []
-    for r, heads in groups.items():
+    for r, heads in ({} if band_kernel is not None else _dilation_groups(dilations)).items():
         def pick(x, heads=heads):
             if len(heads) == H:
                 return x
@@ -325,7 +350,9 @@ def longformer_attention(
         outs.append(out)
         lses.append(lse)
         order.extend(heads)
-    if len(outs) == 1:
+    if band_kernel is not None:
+        pass
+    elif len(outs) == 1:
         out, lse = outs[0], lses[0]
     else:
         inverse = np.argsort(np.asarray(order)).astype("int32")
@@ -377,6 +404,14 @@ def longformer_attention(
     scattered = ops.einsum("bgt,bghd->bthd", ops.cast(hot_q, rows.dtype), rows)
     is_global = ops.any(ops.cast(hot_q, "bool"), axis=1)[:, :, None, None]  # (B, T, 1, 1)
     return ops.where(is_global, ops.cast(scattered, out.dtype), out)
+
+
+def _dilation_groups(dilations):
+    """``{dilation: [heads]}`` in order of first appearance."""
+    groups = {}
+    for h, r in enumerate(dilations):
+        groups.setdefault(r, []).append(h)
+    return groups
 
 
 def input_space_attention(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.testing import AttentionLayerConformance
 
@@ -240,3 +241,132 @@ def test_other_backends_refuse_the_band_kernel():
     auto = LocalAttention(num_heads=2, key_dim=8, window=4)
     auto(x, x, use_causal_mask=True)
     assert auto.last_implementation != "band_kernel"
+
+
+# ------------------------------------------- extra keys (Longformer's globals)
+def _dense_with_extra(q, k, v, look_back, look_ahead, key_mask, extra_k, extra_v,
+                      extra_mask, scale):
+    """Dense float64 attention over the band and the extra keys in one
+    softmax (the specification of ``extra_keys``)."""
+    import torch
+
+    T = q.shape[1]
+    pos = torch.arange(T)
+    rel = pos[None, :] - pos[:, None]
+    allowed = ((rel >= -look_back) & (rel <= look_ahead))[None].expand(q.shape[0], T, T)
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, :]
+    allowed = torch.cat([allowed, extra_mask], dim=2)  # (B, T, T + G)
+    keys = torch.cat([k, extra_k], dim=1).double()
+    values = torch.cat([v, extra_v], dim=1).double()
+    s = torch.einsum("bthd,bshd->bhts", q.double(), keys) * scale
+    s = s.masked_fill(~allowed[:, None], float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    return torch.einsum("bhts,bshd->bthd", p, values)
+
+
+@torch_only
+@pytest.mark.parametrize("case", CASES)
+def test_extra_keys_equal_one_softmax(case):
+    """The band and a few extra keys merged inside the autograd function
+    equal one dense softmax over both, values and the gradients of every
+    input (the extra keys' included); queries that see nothing get zeros."""
+    import torch
+
+    from keras_longattn.kernels.torch import band
+
+    B, T, look_back, look_ahead, block_size, padded = case
+    H, d, G = 2, 8, 3
+    gen = torch.Generator().manual_seed(3 * T + look_ahead)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen, requires_grad=True) for _ in range(3))
+    ek, ev = (torch.randn(B, G, H, d, generator=gen, requires_grad=True) for _ in range(2))
+    extra_mask = torch.rand(B, T, G, generator=gen) > 0.4
+    extra_mask[0, : T // 3] = False
+    key_mask = None
+    if padded:
+        key_mask = torch.rand(B, T, generator=gen) > 0.3
+        key_mask[0, : T // 2] = False  # with the extra mask: queries that see nothing
+    out = band.band_attention(q, k, v, look_back, look_ahead, block_size=block_size,
+                              key_mask=key_mask, scale=0.3, extra_keys=ek,
+                              extra_values=ev, extra_mask=extra_mask)
+    ref = _dense_with_extra(q, k, v, look_back, look_ahead, key_mask, ek, ev, extra_mask, 0.3)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    inputs = (q, k, v, ek, ev)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), inputs)
+    for g, r in zip(grads, ref_grads):
+        assert np.abs(r.numpy()).max() > 0
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+class TestLongformerBandKernel(AttentionLayerConformance):
+    """Longformer on the band kernel: two global tokens (padded away in
+    example 1 of the padding checks), an even window that is not a
+    multiple of the blocks."""
+
+    layer_cls = LongformerAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6, "global_tokens": 2}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 2048)
+    supports_mixed_precision = False
+
+
+@torch_only
+@pytest.mark.parametrize("causal", [False, True])
+def test_longformer_band_kernel_global_mask_and_weight_gradients(causal):
+    """Per-example global positions with padding: outputs and the gradients
+    of every weight (the global projections' included) equal the
+    reference; ``auto`` takes the kernel, and dilated heads refuse it."""
+    from keras_longattn.testing.properties import weight_gradients
+
+    n = 45
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, n, 16)).astype("float32") for _ in range(3))
+    pad = np.ones((2, n), bool)
+    pad[0, n - 6:] = False
+    pad[1, :2] = False
+    gm = np.zeros((2, n), bool)
+    gm[0, [3, 20]] = True
+    gm[1, [0, 5, n - 1]] = True
+    kwargs = {"num_heads": 2, "key_dim": 8, "window": 8}
+    layer = LongformerAttention(**kwargs)
+    ref = LongformerAttention(implementation="reference", **kwargs)
+    layer(q, v, key=k)
+    ref(q, v, key=k)
+    weights = [w + rng.standard_normal(w.shape).astype("float32") * 0.3
+               for w in layer.get_weights()]
+    layer.set_weights(weights)
+    ref.set_weights(weights)
+    call = {"key": k, "global_mask": gm, "value_mask": pad, "query_mask": pad,
+            "use_causal_mask": causal}
+    out, expected = layer(q, v, **call), ref(q, v, **call)
+    assert layer.last_implementation == "band_kernel"
+    out, expected = keras.ops.convert_to_numpy(out), keras.ops.convert_to_numpy(expected)
+    np.testing.assert_allclose(out[pad], expected[pad], rtol=1e-4, atol=1e-5)
+
+    def loss(lay):
+        out = lay(q, v, **call) * keras.ops.cast(pad[..., None], "float32")
+        return keras.ops.sum(keras.ops.sin(out) * (1.0 + keras.ops.arange(16, dtype="float32")))
+
+    from keras_longattn.testing import rel_error
+
+    got = weight_gradients(layer, lambda: loss(layer))
+    want = weight_gradients(ref, lambda: loss(ref))
+    names = [w.path for w in layer.trainable_variables]
+    for name, g, w in zip(names, got, want):
+        # Key biases shift every score of a row equally: softmax-invariant.
+        if "key/bias" in name or "key_global/bias" in name:  # zero up to rounding
+            assert np.abs(g).max() < 1e-3 and np.abs(w).max() < 1e-3, name
+            continue
+        assert np.abs(w).max() > 0, name
+        assert rel_error(g, w) < 1e-4, name
+
+    dilated = LongformerAttention(num_heads=2, key_dim=8, window=8, dilation=[1, 2])
+    dilated(q, v, key=k)
+    assert dilated.last_implementation != "band_kernel"
+    with pytest.raises(ValueError, match="dilat"):
+        LongformerAttention(num_heads=2, key_dim=8, window=8, dilation=[1, 2],
+                            implementation="band_kernel")(q, v, key=k)

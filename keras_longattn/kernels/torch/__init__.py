@@ -96,12 +96,14 @@ class TorchOps(BackendOps):
         return band.refusal(dtype, query_length, key_length, key_dim, value_dim)
 
     def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
-                       key_mask=None, scale=None):
+                       key_mask=None, scale=None, extra_keys=None, extra_values=None,
+                       extra_mask=None):
         from keras_longattn.kernels.torch import band
 
         return band.band_attention_eager(
             q, k, v, look_back, look_ahead, block_size=block_size,
-            key_mask=key_mask, scale=scale,
+            key_mask=key_mask, scale=scale, extra_keys=extra_keys,
+            extra_values=extra_values, extra_mask=extra_mask,
         )
 
     def strided_attention(self, q, k, v, stride, causal, window_heads, scale):

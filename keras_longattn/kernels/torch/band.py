@@ -85,7 +85,8 @@ def default_block_size(look_back, look_ahead):
 
 
 def band_attention(query, key, value, look_back, look_ahead, block_size=None,
-                   key_mask=None, scale=None):
+                   key_mask=None, scale=None, extra_keys=None, extra_values=None,
+                   extra_mask=None):
     """Exact sliding-window attention through the CPU flash kernel.
 
     Args:
@@ -98,6 +99,13 @@ def band_attention(query, key, value, look_back, look_ahead, block_size=None,
             :func:`default_block_size`.
         key_mask: optional boolean ``(B, T)``; False marks padded keys.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        extra_keys: optional ``(B, G, H, d)``: a few keys (Longformer's
+            global tokens) that every query may see besides its band, in
+            the same softmax (the band and these keys merged by their
+            log-sum-exps, see :class:`_BandWithKeys`).
+        extra_values: ``(B, G, H, d)``, with ``extra_keys``.
+        extra_mask: boolean ``(B, T, G)``, with ``extra_keys``: which extra
+            keys each query sees.
 
     Returns:
         ``(B, T, H, d)``; a query that sees no key gets zeros.
@@ -119,15 +127,34 @@ def band_attention(query, key, value, look_back, look_ahead, block_size=None,
         key_mask = torch.as_tensor(key_mask, device=query.device).to(torch.bool)
         key_mask = key_mask.expand(query.shape[0], query.shape[1]).contiguous()
     plan = _Plan(query.shape[1], b, look_back, look_ahead, query.shape[2] * query.shape[3])
-    return _BandAttention.apply(query, key, value, key_mask, plan, float(scale))
+    if extra_keys is None:
+        return _BandAttention.apply(query, key, value, key_mask, plan, float(scale))
+    if extra_values is None or extra_mask is None:
+        raise ValueError("`extra_keys` needs `extra_values` and `extra_mask`.")
+    B, T, H, d = query.shape
+    G = extra_keys.shape[1]
+    if tuple(extra_keys.shape) != (B, G, H, d) or tuple(extra_values.shape) != (B, G, H, d):
+        raise ValueError(
+            "`extra_keys` and `extra_values` must be (B, G, H, d) = "
+            f"{(B, G, H, d)}. Received: extra_keys.shape={tuple(extra_keys.shape)}, "
+            f"extra_values.shape={tuple(extra_values.shape)}"
+        )
+    extra_mask = torch.as_tensor(extra_mask).to(torch.bool).expand(B, T, G)
+    bias = torch.zeros((B, T, 1, G), dtype=query.dtype).masked_fill(
+        ~extra_mask[:, :, None, :], MASKED_BIAS)
+    return _BandWithKeys.apply(query, key, value, key_mask, extra_keys.to(query.dtype),
+                               extra_values.to(query.dtype), bias, plan, float(scale))
 
 
 @torch.compiler.disable
 def band_attention_eager(query, key, value, look_back, look_ahead, block_size=None,
-                         key_mask=None, scale=None):
+                         key_mask=None, scale=None, extra_keys=None, extra_values=None,
+                         extra_mask=None):
     """:func:`band_attention`, run eagerly inside a compiled model."""
     return band_attention(query, key, value, look_back, look_ahead,
-                          block_size=block_size, key_mask=key_mask, scale=scale)
+                          block_size=block_size, key_mask=key_mask, scale=scale,
+                          extra_keys=extra_keys, extra_values=extra_values,
+                          extra_mask=extra_mask)
 
 
 class _Plan:
@@ -308,6 +335,73 @@ class _BandAttention(torch.autograd.Function):
         band_backward(ctx.plan, query, key, value, key_mask, ctx.scale, out, lse, grad_out,
                       dq, dk, dv)
         return dq, dk, dv, None, None, None
+
+
+class _BandWithKeys(torch.autograd.Function):
+    """The band plus a few extra keys (``G``) in one softmax.
+
+    Forward: the band through :func:`band_forward` gives ``o_b`` and its
+    log-sum-exp ``l_b``; the extra keys' scores ``s`` ``(B, T, H, G)`` are
+    explicit (``G`` is small). With ``L = logaddexp(l_b, logsumexp(s))``,
+    ``a = exp(l_b - L)`` and ``P = exp(s - L)`` the result is
+    ``O = a o_b + P v_extra``.
+
+    Backward: the band's share of ``O`` is ``a p_b`` (``p_b`` its own
+    softmax), so a band score's gradient is ``a p_b (dO . v - dO . O)``: the
+    flash backward computes exactly that when given ``a dO`` as the output
+    gradient and the *merged* ``O`` as the output (it forms ``D`` as the
+    row sums of the two), with ``l_b``. The extra keys' part is the usual
+    softmax gradient, ``P (dO . v_extra - dO . O)``, in explicit einsums.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, key_mask, extra_keys, extra_values, bias, plan,
+                scale):
+        B, T, H, d = query.shape
+        band_out = torch.empty((B, T, H, d), dtype=query.dtype)
+        band_lse = torch.empty((B, T, H), dtype=torch.float32)
+        band_forward(plan, query, key, value, key_mask, scale, band_out, band_lse)
+        scores = torch.einsum("bthd,bghd->bthg", query, extra_keys) * scale + bias
+        merged = torch.logaddexp(band_lse, torch.logsumexp(scores, dim=-1))
+        share = torch.exp(band_lse - merged)  # (B, T, H)
+        out = share[..., None] * band_out + torch.einsum(
+            "bthg,bghd->bthd", torch.exp(scores - merged[..., None]), extra_values)
+        dead = merged < DEAD_LSE
+        if bool(dead.any()):
+            out.masked_fill_(dead[..., None], 0.0)
+            share = share.masked_fill(dead, 0.0)
+        else:
+            dead = None
+        ctx.save_for_backward(query, key, value, key_mask, extra_keys, extra_values, bias,
+                              out, band_lse, merged, share)
+        ctx.plan, ctx.scale, ctx.dead = plan, scale, dead
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (query, key, value, key_mask, extra_keys, extra_values, bias, out, band_lse, merged,
+         share) = ctx.saved_tensors
+        scale = ctx.scale
+        grad_out = grad_out.contiguous()
+        if ctx.dead is not None:
+            grad_out = grad_out.masked_fill(ctx.dead[..., None], 0.0)
+        dq = torch.empty_like(query)
+        dk = torch.zeros_like(key)
+        dv = torch.zeros_like(value)
+        # ``share`` is 0 for a query that sees no band key: its band
+        # gradient vanishes, as band_backward requires.
+        band_backward(ctx.plan, query, key, value, key_mask, scale, out, band_lse,
+                      (share[..., None] * grad_out).contiguous(), dq, dk, dv)
+        scores = torch.einsum("bthd,bghd->bthg", query, extra_keys) * scale + bias
+        probs = torch.exp(scores - merged[..., None])
+        if ctx.dead is not None:
+            probs = probs.masked_fill(ctx.dead[..., None], 0.0)
+        row = (grad_out * out).sum(-1, keepdim=True)  # (B, T, H, 1)
+        dscores = probs * (torch.einsum("bthd,bghd->bthg", grad_out, extra_values) - row)
+        dq += scale * torch.einsum("bthg,bghd->bthd", dscores, extra_keys)
+        d_extra_keys = scale * torch.einsum("bthg,bthd->bghd", dscores, query)
+        d_extra_values = torch.einsum("bthg,bthd->bghd", probs, grad_out)
+        return dq, dk, dv, None, d_extra_keys, d_extra_values, None, None, None
 
 
 def _fold(target, band, first_block, count, b):
