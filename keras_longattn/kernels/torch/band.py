@@ -76,12 +76,21 @@ def refusal(dtype, query_length, key_length, key_dim, value_dim):
 
 
 def default_block_size(look_back, look_ahead):
-    """Block size of :func:`band_attention`: the larger extent plus one,
-    rounded up to a multiple of 32 (a causal window ``w`` then reads ``2 w``
-    keys per query in blocks of ``w``, which measured faster than smaller
-    blocks reading fewer keys: the kernel's tiles stay large)."""
-    extent = max(int(look_back), int(look_ahead)) + 1
-    return max(32, -(-extent // 32) * 32)
+    """Block size of :func:`band_attention`: the larger extent rounded up to
+    a multiple of 64 (of 32 below 32), at most 256.
+
+    Measured (2-core CPU, torch 2.13, n = 16384, H = 4, d = 64, forward and
+    backward, one process, loaded machine): causal extent 128: blocks of 128
+    took 467 ms, of 160 (the extent plus one, the earlier rule) 699 ms;
+    extent 256: 256 934 ms, 128 967 ms, 288 1196 ms; extent 512: 256
+    1204 ms, 512 1307 ms, 544 1532 ms; extent 128 both sides: 128 844 ms,
+    160 1211 ms. The CPU flash kernel tiles queries and keys in fixed
+    sizes, so blocks that fill its tiles beat blocks that read fewer keys.
+    """
+    extent = max(int(look_back), int(look_ahead))
+    if extent < 32:
+        return 32
+    return min(256, -(-extent // 64) * 64)
 
 
 def band_attention(query, key, value, look_back, look_ahead, block_size=None,
