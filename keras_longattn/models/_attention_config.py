@@ -75,8 +75,15 @@ def deserialize_attention(spec, name="attention"):
     if isinstance(spec, keras.layers.Layer):
         return spec
     config = to_config(spec, name)
+    custom = library_layers()
+    builtin = getattr(keras.layers, config["class_name"], None)
+    if (config["class_name"] not in custom and inspect.isclass(builtin)
+            and issubclass(builtin, keras.layers.Layer)):
+        # The short form of a keras.layers class (no "module" entry), e.g.
+        # {"class_name": "MultiHeadAttention", "config": {...}}.
+        custom[config["class_name"]] = builtin
     try:
-        layer = keras.layers.deserialize(config, custom_objects=library_layers())
+        layer = keras.layers.deserialize(config, custom_objects=custom)
     except Exception as error:  # noqa: BLE001 - re-raised with context
         raise ValueError(
             f"`{name}` could not be turned into a layer "

@@ -351,3 +351,19 @@ def test_check_sequence_length_hook():
                                   **SMALL)
     with pytest.raises(ValueError, match=f"sequence_length={N + 8}"):
         build_causal_language_model(VOCAB, N + 8, attention=short, **SMALL)
+
+
+def test_short_config_of_a_keras_layer_is_accepted():
+    """``{"class_name": "MultiHeadAttention", "config": {...}}`` (no
+    ``module`` entry, the form of the benchmark's ``mha`` entry and of the
+    LRA suite's layers) gives keras.layers.MultiHeadAttention."""
+    from keras_longattn.models._attention_config import deserialize_attention
+
+    layer = deserialize_attention({"class_name": "MultiHeadAttention",
+                                   "config": {"num_heads": 2, "key_dim": 8}})
+    assert type(layer) is keras.layers.MultiHeadAttention
+    assert layer.num_heads == 2
+    with pytest.raises(ValueError, match="could not be turned into a layer"):
+        deserialize_attention({"class_name": "NoSuchAttention", "config": {}})
+    with pytest.raises(ValueError, match="could not be turned into a layer"):
+        deserialize_attention({"class_name": "Dense", "config": {"units": 2, "bogus": 1}})
