@@ -146,14 +146,14 @@ def make_plan(buckets, num_buckets, window, num_heads, causal):
     pos = chunk_stream * n + own_start  # flat sorted position of each chunk
 
     # Whether a round shows a token a key other than itself.
+    safe = torch.clamp(sorted_b, max=k - 1)
+    rank = torch.arange(n)[None, :] - torch.gather(start, 1, safe)  # in its bucket
     if causal:
-        rank = torch.arange(n)[None, :] - torch.gather(
-            start, 1, torch.clamp(sorted_b, max=k - 1)
-        )
-        other_sorted = rank > 0  # anything before it in its bucket (previous chunk incl.)
+        other_sorted = rank > 0  # a key before it (previous chunk included)
     else:
-        cnt = torch.gather(counts, 1, torch.clamp(sorted_b, max=k - 1))
-        other_sorted = cnt > 1
+        # A previous chunk, or another member of its own chunk.
+        chunk_size = torch.clamp(torch.gather(counts, 1, safe) - rank // w * w, max=w)
+        other_sorted = (rank >= w) | (chunk_size > 1)
     other_sorted &= sorted_b < k
     other = torch.zeros(R * N, dtype=torch.bool)
     other[rtok] = other_sorted.reshape(-1)
