@@ -55,55 +55,71 @@ from keras_longattn.ops.reference import MASKED_LOGIT
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Most chunks of one group per call of the flash kernel (bounds the
-#: gathered blocks and the kernel's temporaries).
-MAX_CHUNKS_PER_CALL = 512
+#: Most chunks of one group per call of the flash kernel: bounds the
+#: gathered blocks and the kernel's temporaries well under glibc's largest
+#: mmap threshold (32 MiB), so that the allocator reuses memory between
+#: calls instead of page-faulting fresh buffers (see
+#: :data:`keras_longattn.kernels.torch.MAX_SCORES_PER_CALL`).
+MAX_CHUNKS_PER_CALL = 192
+
+#: A partial chunk's queries are rounded up to a multiple of this (at most
+#: the window): a few groups per round instead of one per size.
+GRANULE = 16
 
 
 class _Group:
-    """Chunks of ``s`` queries with ``P`` previous keys: ``q_index``
-    ``(m * s,)`` round-token rows of the queries (``r * N + token``, ``N =
-    B * n * H``; also their own-key rows), ``k_tokens`` ``(m * (P + s),)``
-    token rows of the keys, ``prev_index`` ``(m * P,)`` round-token rows of
-    the previous keys, and the additive mask ``(1, 1, s, P + s)``."""
+    """Chunks of one round with ``wq`` query rows (``s <= wq`` real ones)
+    and ``P`` previous keys: token rows ``q_tok`` ``(m, wq)`` and ``k_tok``
+    ``(m, P + wq)`` (``N``: a padding row, a dump row for results), their
+    gather rows ``q_src``/``k_src`` (padding read from row 0, hidden by the
+    mask) and the additive mask, ``(1, 1, wq, P + wq)`` when every chunk is
+    full, else ``(m, 1, wq, P + wq)``."""
 
-    def __init__(self, s, P, q_index, k_tokens, prev_index, mask, num_tokens):
-        self.s, self.P = s, P
-        self.m = q_index.numel() // s
-        self.q_index = q_index
-        self.q_tokens = q_index % num_tokens
-        self.k_tokens = k_tokens
-        self.prev_index = prev_index
+    def __init__(self, wq, P, q_tok, k_tok, mask, num_tokens):
+        self.wq, self.P = wq, P
+        self.wk = P + wq
+        self.m = q_tok.shape[0]
+        self.q_tok = q_tok
+        self.k_tok = k_tok
+        self.q_src = torch.where(q_tok == num_tokens, 0, q_tok)
+        self.k_src = torch.where(k_tok == num_tokens, 0, k_tok)
         self.mask = mask
 
     def slices(self):
         step = MAX_CHUNKS_PER_CALL
-        return [(i, min(i + step, self.m)) for i in range(0, self.m, step)]
+        for i0 in range(0, self.m, step):
+            i1 = min(i0 + step, self.m)
+            mask = self.mask if self.mask.shape[0] == 1 else self.mask[i0:i1]
+            yield i0, i1, mask
 
 
 class _Plan:
-    def __init__(self, groups, num_rounds, num_tokens, other):
-        self.groups = groups
-        self.num_rounds = num_rounds
+    def __init__(self, rounds, num_tokens, other):
+        self.rounds = rounds  # R lists of groups
+        self.num_rounds = len(rounds)
         self.num_tokens = num_tokens  # N = B * n * H
         self.other = other  # bool (R, N): the round shows a key but itself
 
 
-def _chunk_mask(s, P, causal):
-    """Additive ``(1, 1, s, P + s)`` mask of a chunk: query ``i`` is column
-    ``P + i``; causal: the keys before it; bidirectional: every key but
-    itself; itself only when it sees nothing else."""
-    cols = torch.arange(P + s)
-    rows = torch.arange(s)[:, None]
+def _group_mask(sizes, wq, P, causal):
+    """Additive mask of chunks of ``sizes`` ``(m,)`` real queries in ``wq``
+    rows: query ``i`` is column ``P + i``; causal: the keys before it;
+    bidirectional: every key of the chunk but itself; itself only when it
+    sees nothing else. Padding rows see column 0 (finite, dropped)."""
+    full = bool((sizes == wq).all())
+    if full:
+        sizes = sizes[:1]
+    s = sizes.view(-1, 1, 1)
+    cols = torch.arange(P + wq).view(1, 1, -1)
+    rows = torch.arange(wq).view(1, -1, 1)
     if causal:
         allowed = cols < torch.clamp(P + rows, min=1)
-    elif P + s > 1:
-        allowed = cols != P + rows
     else:
-        allowed = torch.ones((1, 1), dtype=torch.bool)
-    mask = torch.zeros((1, 1, s, P + s), dtype=torch.float32)
-    mask[0, 0].masked_fill_(~allowed, -math.inf)
-    return mask
+        allowed = (cols < P + s) & ((cols != P + rows) | (P + s == 1))
+    allowed = torch.where(rows < s, allowed, cols == 0)
+    mask = torch.zeros(allowed.shape, dtype=torch.float32)
+    mask.masked_fill_(~allowed, -math.inf)
+    return mask.unsqueeze(1)
 
 
 @torch.no_grad()
@@ -135,14 +151,14 @@ def make_plan(buckets, num_buckets, window, num_heads, causal):
     size = torch.clamp(counts.reshape(-1)[owner] - g * w, max=w)
     has_prev = g > 0
     chunk_stream = owner // k
+    chunk_round = (chunk_stream % RH) // H
 
-    # Round-token rows of every sorted position: r * N + (b * n + t) * H + h.
+    # Token row of every sorted position, (b * n + t) * H + h; N: none.
     b_of = stream // RH
-    r_of = (stream % RH) // H
     h_of = stream % H
-    tok = (b_of[:, None] * n + order) * H + h_of[:, None]  # (S, n) token rows
-    rtok = (r_of[:, None] * N + tok).reshape(-1)
-    tok = tok.reshape(-1)
+    tok = (b_of[:, None] * n + order) * H + h_of[:, None]  # (S, n)
+    r_of = (stream % RH) // H
+    tok_pad = torch.cat([tok.reshape(-1), tok.new_full((1,), N)])
     pos = chunk_stream * n + own_start  # flat sorted position of each chunk
 
     # Whether a round shows a token a key other than itself.
@@ -156,103 +172,126 @@ def make_plan(buckets, num_buckets, window, num_heads, causal):
         other_sorted = (rank >= w) | (chunk_size > 1)
     other_sorted &= sorted_b < k
     other = torch.zeros(R * N, dtype=torch.bool)
-    other[rtok] = other_sorted.reshape(-1)
+    other[(r_of[:, None] * N + tok).reshape(-1)] = other_sorted.reshape(-1)
 
-    key = has_prev.to(torch.int64) * (w + 1) + size
-    groups = []
+    granule = min(GRANULE, w)
+    padded = torch.clamp((size + granule - 1) // granule * granule, max=w)
+    key = (chunk_round * 2 + has_prev.to(torch.int64)) * (w + 1) + padded
+    rounds = [[] for _ in range(R)]
     for value in torch.unique(key).tolist():
-        P = w if value > w else 0
-        s = value - (w + 1 if P else 0)
+        r, rest = divmod(value, 2 * (w + 1))
+        P = w if rest > w else 0
+        wq = rest - (w + 1 if P else 0)
         chunks = torch.nonzero(key == value)[:, 0]
-        base = pos[chunks]
-        q_pos = (base[:, None] + torch.arange(s)).reshape(-1)
-        k_pos = (base[:, None] - P + torch.arange(P + s)).reshape(-1)
-        prev_pos = (base[:, None] - P + torch.arange(P)).reshape(-1)
-        groups.append(_Group(
-            s, P, rtok[q_pos], tok[k_pos], rtok[prev_pos], _chunk_mask(s, P, causal), N,
+        base = pos[chunks][:, None]
+        sizes = size[chunks]
+        i = torch.arange(wq)
+        q_pos = torch.where(i < sizes[:, None], base + i, S * n)
+        j = torch.arange(P + wq)
+        k_pos = torch.where(j < P + sizes[:, None], base - P + j, S * n)
+        rounds[r].append(_Group(
+            wq, P, tok_pad[q_pos], tok_pad[k_pos], _group_mask(sizes, wq, P, causal), N,
         ))
-    return _Plan(groups, R, N, other.view(R, N))
-
-
-def _run(fn, group, *tensors, **kwargs):
-    results = []
-    for i0, i1 in group.slices():
-        args = [t[i0:i1] for t in tensors]
-        results.append(fn(*args, 0.0, False, attn_mask=group.mask, **kwargs))
-    if len(results) == 1:
-        return results[0]
-    return tuple(torch.cat(parts) for parts in zip(*results))
-
-
-def _blocks(x, index, m, width):
-    return x.index_select(0, index).view(m, 1, width, x.shape[-1])
+    return _Plan(rounds, N, other.view(R, N))
 
 
 class _LSHAttention(torch.autograd.Function):
     """Inputs are 2-D float32 token rows ``(N, D)`` (``N = B * n * H``) of
-    one head size ``D``; the output ``(N, D)``."""
+    one head size ``D``; the output ``(N, D)``. One round at a time: every
+    temporary is at most ``(N + 1, D)``."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan, scale):
         R, N = plan.num_rounds, plan.num_tokens
         D = q.shape[1]
-        outs = q.new_zeros((R * N, D))
-        lses = q.new_full((R * N,), MASKED_LOGIT)
-        for gr in plan.groups:
-            qg = _blocks(q, gr.q_tokens, gr.m, gr.s)
-            kg = _blocks(k, gr.k_tokens, gr.m, gr.P + gr.s)
-            vg = _blocks(v, gr.k_tokens, gr.m, gr.P + gr.s)
-            out, lse = _run(_flash, gr, qg, kg, vg, scale=scale)
-            outs.index_copy_(0, gr.q_index, out.reshape(-1, D))
-            lses.index_copy_(0, gr.q_index, lse.reshape(-1))
-        outs = outs.view(R, N, D)
-        lses = lses.view(R, N)
-        # The self rule over the union of the rounds, then one softmax.
         other = plan.other
         keep = other | ~other.any(0, keepdim=True)
-        weights = torch.softmax(torch.where(keep, lses, MASKED_LOGIT), dim=0)  # (R, N)
-        out = torch.einsum("rn,rnd->nd", weights, outs)
-        ctx.save_for_backward(q, k, v, out, weights, lses)
-        ctx.plan, ctx.scale = plan, scale
-        return out
+        acc = q.new_zeros((N, D))
+        total = q.new_full((N,), -math.inf)
+        out_r = q.new_empty((N + 1, D))
+        lse_r = q.new_empty((N + 1,))
+        logits = q.new_empty((R, N))  # each round's log-sum-exp (kept rounds)
+        group_lse = []
+        for r, groups in enumerate(plan.rounds):
+            out_r.zero_()
+            lse_r.fill_(MASKED_LOGIT)
+            saved = []
+            for gr in groups:
+                parts = []
+                for i0, i1, mask in gr.slices():
+                    m = i1 - i0
+                    qg = q.index_select(0, gr.q_src[i0:i1].reshape(-1)).view(m, 1, gr.wq, D)
+                    kidx = gr.k_src[i0:i1].reshape(-1)
+                    kg = k.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    vg = v.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    out, lse = _flash(qg, kg, vg, 0.0, False, attn_mask=mask, scale=scale)
+                    qidx = gr.q_tok[i0:i1].reshape(-1)
+                    out_r.index_copy_(0, qidx, out.view(-1, D))
+                    lse_r.index_copy_(0, qidx, lse.reshape(-1))
+                    parts.append(lse)
+                saved.append(parts)
+            group_lse.append(saved)
+            # One softmax over the kept rounds, accumulated round by round.
+            lr = torch.where(keep[r], lse_r[:N], MASKED_LOGIT)
+            logits[r] = lr
+            new_total = torch.logaddexp(total, lr)
+            acc.mul_(torch.exp(total - new_total)[:, None])
+            acc.addcmul_(out_r[:N], torch.exp(lr - new_total)[:, None])
+            total = new_total
+        ctx.save_for_backward(q, k, v, acc, total, logits)
+        ctx.plan, ctx.scale, ctx.group_lse = plan, scale, group_lse
+        return acc
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, weights, lses = ctx.saved_tensors
-        plan, scale = ctx.plan, ctx.scale
-        R, N = plan.num_rounds, plan.num_tokens
+        q, k, v, out, total, logits = ctx.saved_tensors
+        plan, scale, group_lse = ctx.plan, ctx.scale, ctx.group_lse
+        ctx.group_lse = None
+        N = plan.num_tokens
         D = q.shape[1]
         grad = grad.contiguous()
-        # grad_out of round r: w_r dO; out: the combined O; logsumexp: the
-        # round's own (see the module docstring). A round left out by the
-        # self rule has w_r = 0: no gradient.
-        grad_rounds = (weights[:, :, None] * grad[None]).view(R * N, D)
-        lses = lses.reshape(-1)
-        dq = q.new_zeros((R * N, D))
-        dk = q.new_zeros((R * N, D))
-        dk_prev = q.new_zeros((R * N, D))
-        dv = q.new_zeros((R * N, D))
-        dv_prev = q.new_zeros((R * N, D))
-        for gr in plan.groups:
-            m, s, P = gr.m, gr.s, gr.P
-            qg = _blocks(q, gr.q_tokens, m, s)
-            kg = _blocks(k, gr.k_tokens, m, P + s)
-            vg = _blocks(v, gr.k_tokens, m, P + s)
-            go = _blocks(grad_rounds, gr.q_index, m, s)
-            og = _blocks(out, gr.q_tokens, m, s)
-            lg = lses.index_select(0, gr.q_index).view(m, 1, s)
-            gq, gk, gv = _run(_flash_backward, gr, go, qg, kg, vg, og, lg, scale=scale)
-            dq.index_copy_(0, gr.q_index, gq.reshape(-1, D))
-            gk = gk.view(m, P + s, D)
-            gv = gv.view(m, P + s, D)
-            dk.index_copy_(0, gr.q_index, gk[:, P:].reshape(-1, D))
-            dv.index_copy_(0, gr.q_index, gv[:, P:].reshape(-1, D))
-            if P:
-                dk_prev.index_copy_(0, gr.prev_index, gk[:, :P].reshape(-1, D))
-                dv_prev.index_copy_(0, gr.prev_index, gv[:, :P].reshape(-1, D))
-        dq = dq.view(R, N, D).sum(0)
-        dk = dk.add_(dk_prev).view(R, N, D).sum(0)
-        dv = dv.add_(dv_prev).view(R, N, D).sum(0)
+        dq, dk, dv = (q.new_zeros((N, D)) for _ in range(3))
+        go = q.new_zeros((N + 1, D))  # row N: padding rows get no gradient
+        bufs = [q.new_empty((N + 1, D)) for _ in range(5)]
+        dq_r, dk_r, dk_p, dv_r, dv_p = bufs
+        for r, groups in enumerate(plan.rounds):
+            # grad_out of round r: w_r dO; out: the combined O; logsumexp:
+            # the round's own (see the module docstring). A round left out
+            # by the self rule has w_r = 0: no gradient.
+            torch.mul(grad, torch.exp(logits[r] - total)[:, None], out=go[:N])
+            for buf in bufs:
+                buf.zero_()
+            for gr, parts in zip(groups, group_lse[r]):
+                P = gr.P
+                for (i0, i1, mask), lse in zip(gr.slices(), parts):
+                    m = i1 - i0
+                    qsrc = gr.q_src[i0:i1].reshape(-1)
+                    qg = q.index_select(0, qsrc).view(m, 1, gr.wq, D)
+                    og = out.index_select(0, qsrc).view(m, 1, gr.wq, D)
+                    qtok = gr.q_tok[i0:i1]
+                    gog = go.index_select(0, qtok.reshape(-1)).view(m, 1, gr.wq, D)
+                    kidx = gr.k_src[i0:i1].reshape(-1)
+                    kg = k.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    vg = v.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    gq, gk, gv = _flash_backward(
+                        gog, qg, kg, vg, og, lse, 0.0, False, attn_mask=mask, scale=scale
+                    )
+                    dq_r.index_copy_(0, qtok.reshape(-1), gq.view(-1, D))
+                    ktok = gr.k_tok[i0:i1]
+                    own = ktok[:, P:].reshape(-1)
+                    gk = gk.view(m, gr.wk, D)
+                    gv = gv.view(m, gr.wk, D)
+                    dk_r.index_copy_(0, own, gk[:, P:].reshape(-1, D))
+                    dv_r.index_copy_(0, own, gv[:, P:].reshape(-1, D))
+                    if P:
+                        prev = ktok[:, :P].reshape(-1)
+                        dk_p.index_copy_(0, prev, gk[:, :P].reshape(-1, D))
+                        dv_p.index_copy_(0, prev, gv[:, :P].reshape(-1, D))
+            dq += dq_r[:N]
+            dk += dk_r[:N]
+            dk += dk_p[:N]
+            dv += dv_r[:N]
+            dv += dv_p[:N]
         return dq, dk, dv, None, None
 
 
