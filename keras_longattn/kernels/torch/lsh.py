@@ -60,11 +60,11 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 #: mmap threshold (32 MiB), so that the allocator reuses memory between
 #: calls instead of page-faulting fresh buffers (see
 #: :data:`keras_longattn.kernels.torch.MAX_SCORES_PER_CALL`).
-MAX_CHUNKS_PER_CALL = 192
+MAX_CHUNKS_PER_CALL = 512
 
 #: A partial chunk's queries are rounded up to a multiple of this (at most
 #: the window): a few groups per round instead of one per size.
-GRANULE = 16
+GRANULE = 32
 
 
 class _Group:
@@ -94,11 +94,14 @@ class _Group:
 
 
 class _Plan:
-    def __init__(self, rounds, num_tokens, other):
+    def __init__(self, rounds, num_tokens, other, same_tokens):
         self.rounds = rounds  # R lists of groups
         self.num_rounds = len(rounds)
         self.num_tokens = num_tokens  # N = B * n * H
         self.other = other  # bool (R, N): the round shows a key but itself
+        # Every round places the same tokens (padding is padding in every
+        # round): per-round buffers need no zeroing between rounds.
+        self.same_tokens = same_tokens
 
 
 def _group_mask(sizes, wq, P, causal):
@@ -192,7 +195,9 @@ def make_plan(buckets, num_buckets, window, num_heads, causal):
         rounds[r].append(_Group(
             wq, P, tok_pad[q_pos], tok_pad[k_pos], _group_mask(sizes, wq, P, causal), N,
         ))
-    return _Plan(rounds, N, other.view(R, N))
+    placed = (buckets < k).reshape(B, R, H, n)
+    same_tokens = bool((placed == placed[:, :1]).all())
+    return _Plan(rounds, N, other.view(R, N), same_tokens)
 
 
 class _LSHAttention(torch.autograd.Function):
@@ -208,23 +213,25 @@ class _LSHAttention(torch.autograd.Function):
         keep = other | ~other.any(0, keepdim=True)
         acc = q.new_zeros((N, D))
         total = q.new_full((N,), -math.inf)
-        out_r = q.new_empty((N + 1, D))
-        lse_r = q.new_empty((N + 1,))
+        out_r = q.new_zeros((N + 1, D))
+        lse_r = q.new_full((N + 1,), MASKED_LOGIT)
         logits = q.new_empty((R, N))  # each round's log-sum-exp (kept rounds)
         group_lse = []
+        kv = torch.cat([k, v], 1)  # one gather for keys and values
         for r, groups in enumerate(plan.rounds):
-            out_r.zero_()
-            lse_r.fill_(MASKED_LOGIT)
+            if r and not plan.same_tokens:
+                out_r.zero_()
+                lse_r.fill_(MASKED_LOGIT)
             saved = []
             for gr in groups:
                 parts = []
                 for i0, i1, mask in gr.slices():
                     m = i1 - i0
                     qg = q.index_select(0, gr.q_src[i0:i1].reshape(-1)).view(m, 1, gr.wq, D)
-                    kidx = gr.k_src[i0:i1].reshape(-1)
-                    kg = k.index_select(0, kidx).view(m, 1, gr.wk, D)
-                    vg = v.index_select(0, kidx).view(m, 1, gr.wk, D)
-                    out, lse = _flash(qg, kg, vg, 0.0, False, attn_mask=mask, scale=scale)
+                    kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
+                    kvg = kvg.view(m, 1, gr.wk, 2 * D)
+                    out, lse = _flash(qg, kvg[..., :D], kvg[..., D:], 0.0, False,
+                                      attn_mask=mask, scale=scale)
                     qidx = gr.q_tok[i0:i1].reshape(-1)
                     out_r.index_copy_(0, qidx, out.view(-1, D))
                     lse_r.index_copy_(0, qidx, lse.reshape(-1))
@@ -250,48 +257,47 @@ class _LSHAttention(torch.autograd.Function):
         N = plan.num_tokens
         D = q.shape[1]
         grad = grad.contiguous()
-        dq, dk, dv = (q.new_zeros((N, D)) for _ in range(3))
+        dq = q.new_zeros((N, D))
+        dkv = q.new_zeros((N, 2 * D))  # keys' and values' gradients side by side
         go = q.new_zeros((N + 1, D))  # row N: padding rows get no gradient
-        bufs = [q.new_empty((N + 1, D)) for _ in range(5)]
-        dq_r, dk_r, dk_p, dv_r, dv_p = bufs
+        dq_r = q.new_zeros((N + 1, D))
+        dkv_r = q.new_zeros((N + 1, 2 * D))  # as own keys
+        dkv_p = q.new_zeros((N + 1, 2 * D))  # as previous keys
+        qo = torch.cat([q, out], 1)  # one gather for queries and outputs
+        kv = torch.cat([k, v], 1)
         for r, groups in enumerate(plan.rounds):
             # grad_out of round r: w_r dO; out: the combined O; logsumexp:
             # the round's own (see the module docstring). A round left out
             # by the self rule has w_r = 0: no gradient.
             torch.mul(grad, torch.exp(logits[r] - total)[:, None], out=go[:N])
-            for buf in bufs:
-                buf.zero_()
+            if r:  # previous keys: not every token is one
+                for buf in (dkv_p,) if plan.same_tokens else (dq_r, dkv_r, dkv_p):
+                    buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
                 P = gr.P
                 for (i0, i1, mask), lse in zip(gr.slices(), parts):
                     m = i1 - i0
-                    qsrc = gr.q_src[i0:i1].reshape(-1)
-                    qg = q.index_select(0, qsrc).view(m, 1, gr.wq, D)
-                    og = out.index_select(0, qsrc).view(m, 1, gr.wq, D)
-                    qtok = gr.q_tok[i0:i1]
-                    gog = go.index_select(0, qtok.reshape(-1)).view(m, 1, gr.wq, D)
-                    kidx = gr.k_src[i0:i1].reshape(-1)
-                    kg = k.index_select(0, kidx).view(m, 1, gr.wk, D)
-                    vg = v.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    qog = qo.index_select(0, gr.q_src[i0:i1].reshape(-1))
+                    qog = qog.view(m, 1, gr.wq, 2 * D)
+                    qtok = gr.q_tok[i0:i1].reshape(-1)
+                    gog = go.index_select(0, qtok).view(m, 1, gr.wq, D)
+                    kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
+                    kvg = kvg.view(m, 1, gr.wk, 2 * D)
                     gq, gk, gv = _flash_backward(
-                        gog, qg, kg, vg, og, lse, 0.0, False, attn_mask=mask, scale=scale
+                        gog, qog[..., :D], kvg[..., :D], kvg[..., D:], qog[..., D:], lse,
+                        0.0, False, attn_mask=mask, scale=scale,
                     )
-                    dq_r.index_copy_(0, qtok.reshape(-1), gq.view(-1, D))
+                    dq_r.index_copy_(0, qtok, gq.view(-1, D))
+                    gkv = torch.cat([gk, gv], -1).view(m, gr.wk, 2 * D)
                     ktok = gr.k_tok[i0:i1]
-                    own = ktok[:, P:].reshape(-1)
-                    gk = gk.view(m, gr.wk, D)
-                    gv = gv.view(m, gr.wk, D)
-                    dk_r.index_copy_(0, own, gk[:, P:].reshape(-1, D))
-                    dv_r.index_copy_(0, own, gv[:, P:].reshape(-1, D))
+                    dkv_r.index_copy_(0, ktok[:, P:].reshape(-1), gkv[:, P:].reshape(-1, 2 * D))
                     if P:
-                        prev = ktok[:, :P].reshape(-1)
-                        dk_p.index_copy_(0, prev, gk[:, :P].reshape(-1, D))
-                        dv_p.index_copy_(0, prev, gv[:, :P].reshape(-1, D))
+                        dkv_p.index_copy_(0, ktok[:, :P].reshape(-1),
+                                          gkv[:, :P].reshape(-1, 2 * D))
             dq += dq_r[:N]
-            dk += dk_r[:N]
-            dk += dk_p[:N]
-            dv += dv_r[:N]
-            dv += dv_p[:N]
+            dkv += dkv_r[:N]
+            dkv += dkv_p[:N]
+        dk, dv = dkv[:, :D], dkv[:, D:]
         return dq, dk, dv, None, None
 
 
