@@ -204,10 +204,12 @@ class LSHAttention(BaseAttention):
             context.padding.query_mask, context.padding.key_mask
         )
 
-    def _hash(self, query, context):
+    def _hash(self, query, context, hash_fn=None):
         """``(buckets, num_buckets, valid)`` of a call: int32
         ``(B, num_hashes * H, n)``, the static bucket count and the boolean
-        ``(B, n)`` tokens that take part (or None)."""
+        ``(B, n)`` tokens that take part (or None). ``hash_fn``: a function
+        with the arguments of :func:`keras_longattn.ops.lsh.hash_buckets`
+        and the same result (a backend's faster form)."""
         n = context.query_length
         c = self._columns(n)
         valid = self._valid_tokens(context)
@@ -217,7 +219,8 @@ class LSHAttention(BaseAttention):
             real = ops.sum(ops.cast(ops.cast(valid, "bool"), "int32"), axis=1)
         columns = lsh_ops.example_columns(real, self.bucket_size, self.num_buckets, c)
         rot = self.rotations(c, context.training)
-        return lsh_ops.hash_buckets(query, rot, columns, valid), 2 * c, valid
+        hash_fn = lsh_ops.hash_buckets if hash_fn is None else hash_fn
+        return hash_fn(query, rot, columns, valid), 2 * c, valid
 
     def buckets(self, query, query_mask=None, training=False):
         """The buckets the layer's attention uses for inputs ``query``
@@ -292,7 +295,7 @@ class LSHAttention(BaseAttention):
 
         kernel = importlib.import_module("keras_longattn.kernels.torch.lsh")
         query = self._zero_padding(query, self._valid_tokens(context))
-        buckets, k, _ = self._hash(query, context)
+        buckets, k, _ = self._hash(query, context, hash_fn=kernel.hash_buckets)
         return kernel.lsh_attention(
             query,
             lsh_ops.shared_keys(query),

@@ -76,6 +76,38 @@ def test_kernel_equals_portable_values_and_gradients(case):
 
 
 @torch_only
+@pytest.mark.parametrize("masked", [False, True])
+def test_hash_equals_portable_hash(masked):
+    """The kernel's hashing gives the portable buckets, bit for bit
+    (including examples using fewer columns, and padding)."""
+    import torch
+
+    from keras_longattn.kernels.torch import lsh as torch_lsh
+    from keras_longattn.ops import lsh as lsh_ops
+
+    gen = torch.Generator().manual_seed(3)
+    B, n, H, d, R, c = 3, 200, 3, 8, 2, 6
+    x = torch.randn(B, n, H, d, generator=gen)
+    x[0, 5] = 0.0  # a zero vector: every |x Rot| equal
+    rot = torch.randn(R, c, H, d, generator=gen)
+    columns = torch.tensor([c, 2, 4] if masked else [c] * 3, dtype=torch.int32)
+    valid = None
+    if masked:
+        valid = torch.ones(B, n, dtype=torch.bool)
+        valid[1, 50:] = False
+    want = lsh_ops.hash_buckets(x, rot, columns, valid)
+    old = torch_lsh.MAX_PROJECTION
+    try:
+        for limit in (old, B * n * c):  # all heads at once, one at a time
+            torch_lsh.MAX_PROJECTION = limit
+            got = torch_lsh.hash_buckets(x, rot, columns, valid)
+            assert got.dtype == torch.int32
+            np.testing.assert_array_equal(got.numpy(), to_np(want))
+    finally:
+        torch_lsh.MAX_PROJECTION = old
+
+
+@torch_only
 def test_kernel_all_padding_and_half_precision():
     import torch
 

@@ -301,6 +301,54 @@ class _LSHAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+#: Most elements of one hashing projection ``(B, heads, n, c)``: 16 MiB.
+MAX_PROJECTION = 1 << 22
+
+
+@torch.compiler.disable
+@torch.no_grad()
+def hash_buckets(x, rotations, columns, valid=None):
+    """:func:`keras_longattn.ops.lsh.hash_buckets` with fewer passes and
+    every projection under :data:`MAX_PROJECTION` elements (a few heads at
+    a time): the same products, the same argmax (the first of equal
+    ``|x Rot|``), the same buckets.
+
+    Args:
+        x: ``(B, n, H, d)`` torch tensor.
+        rotations: float32 ``(R, c, H, d)``.
+        columns: int ``(B,)`` columns used by each example.
+        valid: optional boolean ``(B, n)``; False: bucket ``2c``.
+
+    Returns:
+        int32 ``(B, R * H, n)``.
+    """
+    x = x.detach().to(torch.float32)
+    rotations = rotations.to(torch.float32)
+    B, n, H, _ = x.shape
+    R, c = rotations.shape[0], rotations.shape[1]
+    columns = columns.to(torch.int64)
+    masked = bool((columns < c).any())
+    col_ok = torch.arange(c)[None, :] < columns[:, None]  # (B, c)
+    step = max(1, MAX_PROJECTION // max(1, B * n * c))
+    rounds = []
+    for r in range(R):
+        heads = []
+        for h0 in range(0, H, step):
+            h1 = min(H, h0 + step)
+            proj = torch.einsum("bnhd,chd->bhnc", x[:, :, h0:h1], rotations[r, :, h0:h1])
+            negative = proj < 0
+            score = proj.abs_()
+            if masked:
+                score.masked_fill_(~col_ok[:, None, None, :], -1.0)
+            j = torch.argmax(score, dim=-1, keepdim=True)
+            heads.append((j + c * torch.gather(negative, -1, j))[..., 0])
+        rounds.append(torch.cat(heads, 1) if len(heads) > 1 else heads[0])
+    buckets = torch.cat(rounds, 1) if R > 1 else rounds[0]
+    if valid is not None:
+        buckets = torch.where(valid.to(torch.bool)[:, None, :], buckets, 2 * c)
+    return buckets.to(torch.int32)
+
+
 @torch.compiler.disable
 def lsh_attention(query, keys, value, buckets, num_buckets, window, causal=False,
                   scale=None):
