@@ -109,8 +109,7 @@ def _group_mask(sizes, wq, P, causal):
     rows: query ``i`` is column ``P + i``; causal: the keys before it;
     bidirectional: every key of the chunk but itself; itself only when it
     sees nothing else. Padding rows see column 0 (finite, dropped)."""
-    full = bool((sizes == wq).all())
-    if full:
+    if bool((sizes == wq).all()):
         sizes = sizes[:1]
     s = sizes.view(-1, 1, 1)
     cols = torch.arange(P + wq).view(1, 1, -1)
@@ -120,8 +119,7 @@ def _group_mask(sizes, wq, P, causal):
     else:
         allowed = (cols < P + s) & ((cols != P + rows) | (P + s == 1))
     allowed = torch.where(rows < s, allowed, cols == 0)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32)
-    mask.masked_fill_(~allowed, -math.inf)
+    mask = torch.where(allowed, 0.0, -math.inf)
     return mask.unsqueeze(1)
 
 
@@ -180,20 +178,27 @@ def make_plan(buckets, num_buckets, window, num_heads, causal):
     granule = min(GRANULE, w)
     padded = torch.clamp((size + granule - 1) // granule * granule, max=w)
     key = (chunk_round * 2 + has_prev.to(torch.int64)) * (w + 1) + padded
+    # Rows of every chunk at its widest (w queries, 2w keys), then each
+    # group takes its chunks' leading columns.
+    base = pos[:, None]
+    lead = has_prev.to(torch.int64)[:, None] * w  # P of each chunk
+    i = torch.arange(w)
+    q_tok = tok_pad[torch.where(i < size[:, None], base + i, S * n)]  # (C, w)
+    j = torch.arange(2 * w)
+    k_tok = tok_pad[torch.where(j < lead + size[:, None], base - lead + j, S * n)]
+    key_sorted, chunk_order = torch.sort(key, stable=True)
+    values, counts_g = torch.unique_consecutive(key_sorted, return_counts=True)
     rounds = [[] for _ in range(R)]
-    for value in torch.unique(key).tolist():
+    offset = 0
+    for value, m in zip(values.tolist(), counts_g.tolist()):
+        chunks = chunk_order[offset:offset + m]
+        offset += m
         r, rest = divmod(value, 2 * (w + 1))
         P = w if rest > w else 0
         wq = rest - (w + 1 if P else 0)
-        chunks = torch.nonzero(key == value)[:, 0]
-        base = pos[chunks][:, None]
-        sizes = size[chunks]
-        i = torch.arange(wq)
-        q_pos = torch.where(i < sizes[:, None], base + i, S * n)
-        j = torch.arange(P + wq)
-        k_pos = torch.where(j < P + sizes[:, None], base - P + j, S * n)
         rounds[r].append(_Group(
-            wq, P, tok_pad[q_pos], tok_pad[k_pos], _group_mask(sizes, wq, P, causal), N,
+            wq, P, q_tok[chunks, :wq], k_tok[chunks, :P + wq],
+            _group_mask(size[chunks], wq, P, causal), N,
         ))
     placed = (buckets < k).reshape(B, R, H, n)
     same_tokens = bool((placed == placed[:, :1]).all())
