@@ -67,6 +67,46 @@ MAX_CHUNKS_PER_CALL = 512
 GRANULE = 32
 
 
+#: Threads for everything but the flash kernel calls: the plan, gathers,
+#: copies and the combination of rounds are many short memory-bound
+#: operations, whose parallel regions cost more than they save when the
+#: CPU is shared (each waits for every thread of the pool to be scheduled);
+#: measured on a 2-core machine with one core busy: 1.7 s single-threaded
+#: against 6.2 s with 2 threads for the whole layer step at n = 16K.
+#: None: leave PyTorch's setting.
+SMALL_OP_THREADS = 1
+
+
+class _Threads:
+    """Context manager: PyTorch's intra-op threads set to ``n`` (None:
+    unchanged) inside, restored after."""
+
+    def __init__(self, n):
+        self.n = n
+        self.saved = None
+
+    def __enter__(self):
+        if self.n is not None:
+            self.saved = torch.get_num_threads()
+            if self.saved != self.n:
+                torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        if self.n is not None and self.saved != self.n:
+            torch.set_num_threads(self.saved)
+        return False
+
+
+def _small_ops():
+    return _Threads(SMALL_OP_THREADS)
+
+
+def _kernel_threads(count):
+    """Inside :func:`_small_ops`: the flash kernel with ``count`` threads."""
+    return _Threads(count if SMALL_OP_THREADS is not None else None)
+
+
 class _Group:
     """Chunks of one round with ``wq`` query rows (``s <= wq`` real ones)
     and ``P`` previous keys: token rows ``q_tok`` ``(m, wq)`` and ``k_tok``
@@ -212,6 +252,17 @@ class _LSHAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan, scale):
+        ctx.threads = torch.get_num_threads()
+        with _small_ops():
+            return _LSHAttention._forward(ctx, q, k, v, plan, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with _small_ops():
+            return _LSHAttention._backward(ctx, grad)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, plan, scale):
         R, N = plan.num_rounds, plan.num_tokens
         D = q.shape[1]
         other = plan.other
@@ -235,8 +286,9 @@ class _LSHAttention(torch.autograd.Function):
                     qg = q.index_select(0, gr.q_src[i0:i1].reshape(-1)).view(m, 1, gr.wq, D)
                     kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
                     kvg = kvg.view(m, 1, gr.wk, 2 * D)
-                    out, lse = _flash(qg, kvg[..., :D], kvg[..., D:], 0.0, False,
-                                      attn_mask=mask, scale=scale)
+                    with _kernel_threads(ctx.threads):
+                        out, lse = _flash(qg, kvg[..., :D], kvg[..., D:], 0.0, False,
+                                          attn_mask=mask, scale=scale)
                     qidx = gr.q_tok[i0:i1].reshape(-1)
                     out_r.index_copy_(0, qidx, out.view(-1, D))
                     lse_r.index_copy_(0, qidx, lse.reshape(-1))
@@ -255,7 +307,7 @@ class _LSHAttention(torch.autograd.Function):
         return acc
 
     @staticmethod
-    def backward(ctx, grad):
+    def _backward(ctx, grad):
         q, k, v, out, total, logits = ctx.saved_tensors
         plan, scale, group_lse = ctx.plan, ctx.scale, ctx.group_lse
         ctx.group_lse = None
@@ -288,10 +340,11 @@ class _LSHAttention(torch.autograd.Function):
                     gog = go.index_select(0, qtok).view(m, 1, gr.wq, D)
                     kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
                     kvg = kvg.view(m, 1, gr.wk, 2 * D)
-                    gq, gk, gv = _flash_backward(
-                        gog, qog[..., :D], kvg[..., :D], kvg[..., D:], qog[..., D:], lse,
-                        0.0, False, attn_mask=mask, scale=scale,
-                    )
+                    with _kernel_threads(ctx.threads):
+                        gq, gk, gv = _flash_backward(
+                            gog, qog[..., :D], kvg[..., :D], kvg[..., D:], qog[..., D:],
+                            lse, 0.0, False, attn_mask=mask, scale=scale,
+                        )
                     dq_r.index_copy_(0, qtok, gq.view(-1, D))
                     gkv = torch.cat([gk, gv], -1).view(m, gr.wk, 2 * D)
                     ktok = gr.k_tok[i0:i1]
@@ -335,12 +388,21 @@ def hash_buckets(x, rotations, columns, valid=None):
     masked = bool((columns < c).any())
     col_ok = torch.arange(c)[None, :] < columns[:, None]  # (B, c)
     step = max(1, MAX_PROJECTION // max(1, B * n * c))
+    threads = torch.get_num_threads()
+    with _small_ops():
+        return _hash_rounds(x, rotations, columns, valid, masked, col_ok, step, threads)
+
+
+def _hash_rounds(x, rotations, columns, valid, masked, col_ok, step, threads):
+    B, n, H, _ = x.shape
+    R, c = rotations.shape[0], rotations.shape[1]
     rounds = []
     for r in range(R):
         heads = []
         for h0 in range(0, H, step):
             h1 = min(H, h0 + step)
-            proj = torch.einsum("bnhd,chd->bhnc", x[:, :, h0:h1], rotations[r, :, h0:h1])
+            with _kernel_threads(threads):
+                proj = torch.einsum("bnhd,chd->bhnc", x[:, :, h0:h1], rotations[r, :, h0:h1])
             negative = proj < 0
             score = proj.abs_()
             if masked:
@@ -379,7 +441,8 @@ def lsh_attention(query, keys, value, buckets, num_buckets, window, causal=False
     if scale is None:
         scale = 1.0 / math.sqrt(float(d))
     dtype = value.dtype
-    plan = make_plan(buckets, num_buckets, window, H, causal)
+    with _small_ops():
+        plan = make_plan(buckets, num_buckets, window, H, causal)
     D = max(d, dv)
 
     def rows(x):
