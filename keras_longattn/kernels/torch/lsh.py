@@ -67,14 +67,20 @@ MAX_CHUNKS_PER_CALL = 512
 GRANULE = 32
 
 
-#: Threads for everything but the flash kernel calls: the plan, gathers,
-#: copies and the combination of rounds are many short memory-bound
-#: operations, whose parallel regions cost more than they save when the
-#: CPU is shared (each waits for every thread of the pool to be scheduled);
-#: measured on a 2-core machine with one core busy: 1.7 s single-threaded
-#: against 6.2 s with 2 threads for the whole layer step at n = 16K.
-#: None: leave PyTorch's setting.
+#: Threads for the plan, gathers, copies and the combination of rounds:
+#: many short memory-bound operations, whose parallel regions cost more
+#: than they save when the CPU is shared (each waits for every thread of
+#: the pool to be scheduled). None: leave PyTorch's setting.
 SMALL_OP_THREADS = 1
+
+#: Threads for the flash kernel calls and the hashing products (None:
+#: PyTorch's setting). Measured at n = 16K (forward + backward of the
+#: layer, causal) on 2 CPU cores with one of them busy with another job:
+#: 6.2 s with PyTorch's 2 threads everywhere, 3.2 s with only the
+#: memory-bound steps single-threaded, 2.3 s with everything in this
+#: module single-threaded (each chunk batch is a few milliseconds of work:
+#: too short to gain from a second thread that may not be scheduled).
+KERNEL_THREADS = 1
 
 
 class _Threads:
@@ -103,8 +109,10 @@ def _small_ops():
 
 
 def _kernel_threads(count):
-    """Inside :func:`_small_ops`: the flash kernel with ``count`` threads."""
-    return _Threads(count if SMALL_OP_THREADS is not None else None)
+    """Inside :func:`_small_ops`: the flash kernel with
+    :data:`KERNEL_THREADS` threads, or ``count`` (PyTorch's setting outside)
+    when that is None."""
+    return _Threads(KERNEL_THREADS if KERNEL_THREADS is not None else count)
 
 
 class _Group:
