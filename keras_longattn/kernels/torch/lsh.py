@@ -131,6 +131,10 @@ class _Group:
         self.k_tok = k_tok
         self.q_src = torch.where(q_tok == num_tokens, 0, q_tok)
         self.k_src = torch.where(k_tok == num_tokens, 0, k_tok)
+        # Where key gradients go: own keys to rows [0, N] of a (2N + 2)-row
+        # buffer, previous keys to rows [N + 1, 2N + 1].
+        self.k_back = k_tok.clone()
+        self.k_back[:, :P] += num_tokens + 1
         self.mask = mask
 
     def slices(self):
@@ -322,12 +326,13 @@ class _LSHAttention(torch.autograd.Function):
         N = plan.num_tokens
         D = q.shape[1]
         grad = grad.contiguous()
-        dq = q.new_zeros((N, D))
-        dkv = q.new_zeros((N, 2 * D))  # keys' and values' gradients side by side
+        dq, dk, dv = (q.new_zeros((N, D)) for _ in range(3))
         go = q.new_zeros((N + 1, D))  # row N: padding rows get no gradient
+        # Per round: as queries; as own keys (rows [0, N], N: dump) and as
+        # previous keys (rows [N + 1, 2N + 1]).
         dq_r = q.new_zeros((N + 1, D))
-        dkv_r = q.new_zeros((N + 1, 2 * D))  # as own keys
-        dkv_p = q.new_zeros((N + 1, 2 * D))  # as previous keys
+        dk_r = q.new_zeros((2 * N + 2, D))
+        dv_r = q.new_zeros((2 * N + 2, D))
         qo = torch.cat([q, out], 1)  # one gather for queries and outputs
         kv = torch.cat([k, v], 1)
         for r, groups in enumerate(plan.rounds):
@@ -336,10 +341,13 @@ class _LSHAttention(torch.autograd.Function):
             # by the self rule has w_r = 0: no gradient.
             torch.mul(grad, torch.exp(logits[r] - total)[:, None], out=go[:N])
             if r:  # previous keys: not every token is one
-                for buf in (dkv_p,) if plan.same_tokens else (dq_r, dkv_r, dkv_p):
-                    buf.zero_()
+                if plan.same_tokens:
+                    dk_r[N + 1:].zero_()
+                    dv_r[N + 1:].zero_()
+                else:
+                    for buf in (dq_r, dk_r, dv_r):
+                        buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
-                P = gr.P
                 for (i0, i1, mask), lse in zip(gr.slices(), parts):
                     m = i1 - i0
                     qog = qo.index_select(0, gr.q_src[i0:i1].reshape(-1))
@@ -354,16 +362,14 @@ class _LSHAttention(torch.autograd.Function):
                             lse, 0.0, False, attn_mask=mask, scale=scale,
                         )
                     dq_r.index_copy_(0, qtok, gq.view(-1, D))
-                    gkv = torch.cat([gk, gv], -1).view(m, gr.wk, 2 * D)
-                    ktok = gr.k_tok[i0:i1]
-                    dkv_r.index_copy_(0, ktok[:, P:].reshape(-1), gkv[:, P:].reshape(-1, 2 * D))
-                    if P:
-                        dkv_p.index_copy_(0, ktok[:, :P].reshape(-1),
-                                          gkv[:, :P].reshape(-1, 2 * D))
+                    back = gr.k_back[i0:i1].reshape(-1)
+                    dk_r.index_copy_(0, back, gk.view(-1, D))
+                    dv_r.index_copy_(0, back, gv.view(-1, D))
             dq += dq_r[:N]
-            dkv += dkv_r[:N]
-            dkv += dkv_p[:N]
-        dk, dv = dkv[:, :D], dkv[:, D:]
+            dk += dk_r[:N]
+            dk += dk_r[N + 1:2 * N + 1]
+            dv += dv_r[:N]
+            dv += dv_r[N + 1:2 * N + 1]
         return dq, dk, dv, None, None
 
 
