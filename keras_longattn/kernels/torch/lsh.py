@@ -55,12 +55,12 @@ from keras_longattn.ops.reference import MASKED_LOGIT
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Most chunks of one group per call of the flash kernel: bounds the
-#: gathered blocks and the kernel's temporaries well under glibc's largest
-#: mmap threshold (32 MiB), so that the allocator reuses memory between
-#: calls instead of page-faulting fresh buffers (see
+#: Most elements of the keys and values gathered for one call of the flash
+#: kernel (``chunks x keys x 2D``): 16 MiB of float32, well under glibc's
+#: largest mmap threshold (32 MiB), so that the allocator reuses memory
+#: between calls instead of page-faulting fresh buffers (see
 #: :data:`keras_longattn.kernels.torch.MAX_SCORES_PER_CALL`).
-MAX_CHUNKS_PER_CALL = 512
+MAX_BLOCK_ELEMENTS = 1 << 22
 
 #: A partial chunk's queries are rounded up to a multiple of this (at most
 #: the window): a few groups per round instead of one per size.
@@ -125,6 +125,7 @@ class _Group:
 
     def __init__(self, wq, P, q_tok, k_tok, mask, num_tokens):
         self.wq, self.P = wq, P
+        self.width = 64  # head size D, set by the autograd function
         self.wk = P + wq
         self.m = q_tok.shape[0]
         self.q_tok = q_tok
@@ -138,7 +139,7 @@ class _Group:
         self.mask = mask
 
     def slices(self):
-        step = MAX_CHUNKS_PER_CALL
+        step = max(1, MAX_BLOCK_ELEMENTS // (self.wk * 2 * self.width))
         for i0 in range(0, self.m, step):
             i1 = min(i0 + step, self.m)
             mask = self.mask if self.mask.shape[0] == 1 else self.mask[i0:i1]
@@ -277,6 +278,9 @@ class _LSHAttention(torch.autograd.Function):
     def _forward(ctx, q, k, v, plan, scale):
         R, N = plan.num_rounds, plan.num_tokens
         D = q.shape[1]
+        for groups in plan.rounds:
+            for gr in groups:
+                gr.width = D
         other = plan.other
         keep = other | ~other.any(0, keepdim=True)
         acc = q.new_zeros((N, D))
