@@ -67,20 +67,19 @@ MAX_BLOCK_ELEMENTS = 1 << 22
 GRANULE = 32
 
 
-#: Threads for the plan, gathers, copies and the combination of rounds:
-#: many short memory-bound operations, whose parallel regions cost more
-#: than they save when the CPU is shared (each waits for every thread of
-#: the pool to be scheduled). None: leave PyTorch's setting.
-SMALL_OP_THREADS = 1
+#: Threads for the plan, gathers, copies and the combination of rounds
+#: (None: PyTorch's setting), and for the flash kernel calls and the
+#: hashing products (:data:`KERNEL_THREADS`). Measured at n = 16K (forward
+#: + backward of the layer, causal, 2 CPU cores): with both cores free,
+#: 1.1-1.3 s with PyTorch's 2 threads everywhere against 1.6-2.0 s with
+#: both set to 1; with one core busy with another job, about 6 s with 2
+#: threads against 2.1-2.3 s with 1 (many short parallel regions, each
+#: waiting for every thread of the pool to be scheduled). PyTorch's setting
+#: by default; set both to 1 on a loaded machine.
+SMALL_OP_THREADS = None
 
-#: Threads for the flash kernel calls and the hashing products (None:
-#: PyTorch's setting). Measured at n = 16K (forward + backward of the
-#: layer, causal) on 2 CPU cores with one of them busy with another job:
-#: 6.2 s with PyTorch's 2 threads everywhere, 3.2 s with only the
-#: memory-bound steps single-threaded, 2.3 s with everything in this
-#: module single-threaded (each chunk batch is a few milliseconds of work:
-#: too short to gain from a second thread that may not be scheduled).
-KERNEL_THREADS = 1
+#: See :data:`SMALL_OP_THREADS`.
+KERNEL_THREADS = None
 
 
 class _Threads:
