@@ -34,7 +34,9 @@ gradient (:func:`make_plan`):
 * results and gradients go back to the tokens by ``index_copy`` (every
   token is one query and one own key per round, and at most one previous
   key: that gradient goes to a second buffer), then a sum over rounds:
-  no scatter-add. Memory O(R * n * (w + d)), nothing of size ``n^2``.
+  no scatter-add. The gathered keys and values of every chunk are kept
+  for the backward: memory O(R * n * d) (about 4 R n d floats), nothing of
+  size ``n^2``.
 
 The result equals :func:`~keras_longattn.ops.lsh.lsh_attention` up to float
 rounding; ``tests/layers/test_lsh_torch.py`` checks values and gradients
@@ -307,7 +309,7 @@ class _LSHAttention(torch.autograd.Function):
                     qidx = gr.q_tok[i0:i1].reshape(-1)
                     out_r.index_copy_(0, qidx, out.view(-1, D))
                     lse_r.index_copy_(0, qidx, lse.reshape(-1))
-                    parts.append(lse)
+                    parts.append((lse, kvg))  # reused by the backward
                 saved.append(parts)
             group_lse.append(saved)
             # One softmax over the kept rounds, accumulated round by round.
@@ -337,7 +339,6 @@ class _LSHAttention(torch.autograd.Function):
         dk_r = q.new_zeros((2 * N + 2, D))
         dv_r = q.new_zeros((2 * N + 2, D))
         qo = torch.cat([q, out], 1)  # one gather for queries and outputs
-        kv = torch.cat([k, v], 1)
         for r, groups in enumerate(plan.rounds):
             # grad_out of round r: w_r dO; out: the combined O; logsumexp:
             # the round's own (see the module docstring). A round left out
@@ -351,14 +352,12 @@ class _LSHAttention(torch.autograd.Function):
                     for buf in (dq_r, dk_r, dv_r):
                         buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
-                for (i0, i1, mask), lse in zip(gr.slices(), parts):
+                for (i0, i1, mask), (lse, kvg) in zip(gr.slices(), parts):
                     m = i1 - i0
                     qog = qo.index_select(0, gr.q_src[i0:i1].reshape(-1))
                     qog = qog.view(m, 1, gr.wq, 2 * D)
                     qtok = gr.q_tok[i0:i1].reshape(-1)
                     gog = go.index_select(0, qtok).view(m, 1, gr.wq, D)
-                    kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
-                    kvg = kvg.view(m, 1, gr.wk, 2 * D)
                     with _kernel_threads(ctx.threads):
                         gq, gk, gv = _flash_backward(
                             gog, qog[..., :D], kvg[..., :D], kvg[..., D:], qog[..., D:],
