@@ -290,7 +290,6 @@ class _LSHAttention(torch.autograd.Function):
         lse_r = q.new_full((N + 1,), MASKED_LOGIT)
         logits = q.new_empty((R, N))  # each round's log-sum-exp (kept rounds)
         group_lse = []
-        kv = torch.cat([k, v], 1)  # one gather for keys and values
         for r, groups in enumerate(plan.rounds):
             if r and not plan.same_tokens:
                 out_r.zero_()
@@ -301,15 +300,16 @@ class _LSHAttention(torch.autograd.Function):
                 for i0, i1, mask in gr.slices():
                     m = i1 - i0
                     qg = q.index_select(0, gr.q_src[i0:i1].reshape(-1)).view(m, 1, gr.wq, D)
-                    kvg = kv.index_select(0, gr.k_src[i0:i1].reshape(-1))
-                    kvg = kvg.view(m, 1, gr.wk, 2 * D)
+                    kidx = gr.k_src[i0:i1].reshape(-1)
+                    kg = k.index_select(0, kidx).view(m, 1, gr.wk, D)
+                    vg = v.index_select(0, kidx).view(m, 1, gr.wk, D)
                     with _kernel_threads(ctx.threads):
-                        out, lse = _flash(qg, kvg[..., :D], kvg[..., D:], 0.0, False,
-                                          attn_mask=mask, scale=scale)
+                        out, lse = _flash(qg, kg, vg, 0.0, False, attn_mask=mask,
+                                          scale=scale)
                     qidx = gr.q_tok[i0:i1].reshape(-1)
                     out_r.index_copy_(0, qidx, out.view(-1, D))
                     lse_r.index_copy_(0, qidx, lse.reshape(-1))
-                    parts.append((lse, kvg))  # reused by the backward
+                    parts.append((lse, kg, vg))  # reused by the backward
                 saved.append(parts)
             group_lse.append(saved)
             # One softmax over the kept rounds, accumulated round by round.
@@ -338,7 +338,6 @@ class _LSHAttention(torch.autograd.Function):
         dq_r = q.new_zeros((N + 1, D))
         dk_r = q.new_zeros((2 * N + 2, D))
         dv_r = q.new_zeros((2 * N + 2, D))
-        qo = torch.cat([q, out], 1)  # one gather for queries and outputs
         for r, groups in enumerate(plan.rounds):
             # grad_out of round r: w_r dO; out: the combined O; logsumexp:
             # the round's own (see the module docstring). A round left out
@@ -352,16 +351,17 @@ class _LSHAttention(torch.autograd.Function):
                     for buf in (dq_r, dk_r, dv_r):
                         buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
-                for (i0, i1, mask), (lse, kvg) in zip(gr.slices(), parts):
+                for (i0, i1, mask), (lse, kg, vg) in zip(gr.slices(), parts):
                     m = i1 - i0
-                    qog = qo.index_select(0, gr.q_src[i0:i1].reshape(-1))
-                    qog = qog.view(m, 1, gr.wq, 2 * D)
+                    qsrc = gr.q_src[i0:i1].reshape(-1)
+                    qg = q.index_select(0, qsrc).view(m, 1, gr.wq, D)
+                    og = out.index_select(0, qsrc).view(m, 1, gr.wq, D)
                     qtok = gr.q_tok[i0:i1].reshape(-1)
                     gog = go.index_select(0, qtok).view(m, 1, gr.wq, D)
                     with _kernel_threads(ctx.threads):
                         gq, gk, gv = _flash_backward(
-                            gog, qog[..., :D], kvg[..., :D], kvg[..., D:], qog[..., D:],
-                            lse, 0.0, False, attn_mask=mask, scale=scale,
+                            gog, qg, kg, vg, og, lse, 0.0, False, attn_mask=mask,
+                            scale=scale,
                         )
                     dq_r.index_copy_(0, qtok, gq.view(-1, D))
                     back = gr.k_back[i0:i1].reshape(-1)
