@@ -17,14 +17,18 @@ gradient (:func:`make_plan`):
   but the last. A chunk's queries are its ``s`` tokens; its keys the ``w``
   tokens of the previous chunk of its bucket (when there is one) followed
   by its own: contiguous in the sorted order, no empty slot;
-* chunks grouped by (``s``, has a previous chunk): the mask of a group is
-  one ``(s, P + s)`` additive mask shared by all its chunks (causal: the
-  keys before the query; bidirectional: every key but itself; alone:
-  itself), each group one batch of the flash kernel;
-* the rounds combined by their log-sum-exps as in the portable form, the
-  self rule over the union of the rounds included: ``O = sum_r w_r o_r``
-  with ``w_r = softmax_r(lse_r)`` over the rounds that show the token a key
-  other than itself (all of them when none does);
+* chunks of a round grouped by their size rounded up to :data:`GRANULE`
+  (``wq`` query rows) and whether they have a previous chunk: an additive
+  mask per group, one ``(wq, P + wq)`` mask shared by all its chunks when
+  they are full (causal: the keys before the query; bidirectional: every
+  key but itself; alone: itself; padding rows and columns hidden), each
+  group a few batches of the flash kernel;
+* one round at a time (per-round buffers of ``N + 1`` token rows, ``2N +
+  2`` for key gradients), the rounds combined by their log-sum-exps as in
+  the portable form (a running log-sum-exp), the self rule over the union
+  of the rounds included: ``O = sum_r w_r o_r`` with ``w_r =
+  softmax_r(lse_r)`` over the rounds that show the token a key other than
+  itself (all of them when none does);
 * backward: with ``P^r_ij = w_r p^r_ij`` the probabilities of the union,
   ``dL/ds^r_ij = w_r p^r_ij (dO . v_j - dO . O)``. The flash backward of
   round ``r`` called with ``grad_out = w_r dO``, ``out = O`` (the combined
@@ -33,8 +37,8 @@ gradient (:func:`make_plan`):
   needed;
 * results and gradients go back to the tokens by ``index_copy`` (every
   token is one query and one own key per round, and at most one previous
-  key: that gradient goes to a second buffer), then a sum over rounds:
-  no scatter-add. The gathered keys and values of every chunk are kept
+  key: that gradient goes to a second half of the buffer), then a sum
+  over rounds: no scatter-add. The gathered keys and values of every chunk are kept
   for the backward: memory O(R * n * d) (about 4 R n d floats), nothing of
   size ``n^2``.
 
