@@ -56,7 +56,13 @@ class LSHAttention(BaseAttention):
     and ``bucket_size x 2 bucket_size`` score blocks over a buffer of at
     most ``n + 2c * bucket_size`` slots: time and memory
     O(R * n * bucket_size) for the attention, no ``n x n`` tensor. All
-    rounds run as one batch of ``R * H`` heads.
+    rounds run as one batch of ``R * H`` heads. ``"hashed_torch"`` (PyTorch
+    only, preferred by ``"auto"`` there): the same attention with every
+    chunk of every round in PyTorch's flash attention kernel (which returns
+    each round's log-sum-exp), from a plan of sorted chunks without empty
+    slots, the rounds combined and differentiated inside one autograd
+    function (``keras_longattn/kernels/torch/lsh.py``); no attention
+    dropout.
 
     Args:
         num_heads: number of attention heads.
@@ -75,8 +81,9 @@ class LSHAttention(BaseAttention):
             ``training=True``. Defaults to True.
         **kwargs: the arguments of :class:`BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"hashed"`` or ``"reference"``). ``dropout``
-            applies to each round's weights.
+            ``"auto"``, ``"hashed"``, ``"hashed_torch"`` (PyTorch only) or
+            ``"reference"``). ``dropout`` applies to each round's weights
+            (``"hashed"`` and ``"reference"`` only).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``, self-attention lengths:
@@ -101,8 +108,8 @@ class LSHAttention(BaseAttention):
     >>> x = np.random.rand(2, 100, 16).astype("float32")
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 100, 16)
-    >>> layer.last_implementation
-    'hashed'
+    >>> layer.last_implementation in ("hashed", "hashed_torch")  # torch: hashed_torch
+    True
     >>> tuple(layer.buckets(x).shape)  # (B, num_hashes * num_heads, n)
     (2, 4, 100)
 
@@ -197,10 +204,12 @@ class LSHAttention(BaseAttention):
             context.padding.query_mask, context.padding.key_mask
         )
 
-    def _hash(self, query, context):
+    def _hash(self, query, context, hash_fn=None):
         """``(buckets, num_buckets, valid)`` of a call: int32
         ``(B, num_hashes * H, n)``, the static bucket count and the boolean
-        ``(B, n)`` tokens that take part (or None)."""
+        ``(B, n)`` tokens that take part (or None). ``hash_fn``: a function
+        with the arguments of :func:`keras_longattn.ops.lsh.hash_buckets`
+        and the same result (a backend's faster form)."""
         n = context.query_length
         c = self._columns(n)
         valid = self._valid_tokens(context)
@@ -210,7 +219,8 @@ class LSHAttention(BaseAttention):
             real = ops.sum(ops.cast(ops.cast(valid, "bool"), "int32"), axis=1)
         columns = lsh_ops.example_columns(real, self.bucket_size, self.num_buckets, c)
         rot = self.rotations(c, context.training)
-        return lsh_ops.hash_buckets(query, rot, columns, valid), 2 * c, valid
+        hash_fn = lsh_ops.hash_buckets if hash_fn is None else hash_fn
+        return hash_fn(query, rot, columns, valid), 2 * c, valid
 
     def buckets(self, query, query_mask=None, training=False):
         """The buckets the layer's attention uses for inputs ``query``
@@ -275,6 +285,33 @@ class LSHAttention(BaseAttention):
             scale=self._inverse_sqrt_key_dim,
             dropout_fn=self._dropout_fn(context.training),
         )
+
+    @implementation("hashed_torch", kind="fused", dropout=False)
+    def _hashed_torch(self, query, key, value, context):
+        """PyTorch only: the rounds' sorted chunks in the flash attention
+        kernel, combined and differentiated in one autograd function
+        (``keras_longattn.kernels.torch.lsh``)."""
+        import importlib
+
+        kernel = importlib.import_module("keras_longattn.kernels.torch.lsh")
+        query = self._zero_padding(query, self._valid_tokens(context))
+        buckets, k, _ = self._hash(query, context, hash_fn=kernel.hash_buckets)
+        return kernel.lsh_attention(
+            query,
+            lsh_ops.shared_keys(query),
+            value,
+            buckets,
+            k,
+            self.bucket_size,
+            causal=context.causal,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_hashed_torch.refuses
+    def _hashed_torch(self, context):
+        if keras.backend.backend() != "torch":
+            return f"needs the torch backend (active: {keras.backend.backend()})"
+        return None
 
     # ------------------------------------------------------------ reference
     def _attention_reference(self, query, key, value, context):
