@@ -24,6 +24,7 @@ class TestLSHHashed(AttentionLayerConformance):
     layer_cls = LSHAttention
     init_kwargs = KWARGS
     implementation = "hashed"
+    supports_cross_attention = False  # shared queries and keys
     reference_lengths = (16, 37, 2048)
 
 
@@ -33,6 +34,7 @@ class TestLSHFixedBuckets(AttentionLayerConformance):
     layer_cls = LSHAttention
     init_kwargs = dict(KWARGS, num_hashes=1, num_buckets=4)
     implementation = "hashed"
+    supports_cross_attention = False  # shared queries and keys
     secondary = True
     reference_lengths = (37,)
 
