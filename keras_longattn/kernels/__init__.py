@@ -65,6 +65,12 @@ class BackendOps:
     max_scores_per_call = None
     #: Kernelized attention with hand-written gradients (None: none).
     kernelized = None
+    #: Token routing (causal sorted-chunk attention) kernel module, with
+    #: ``token_routing_attention`` (None: none).
+    routing = None
+    #: LSH attention kernel module, with ``hash_buckets`` and
+    #: ``lsh_attention`` (None: none).
+    lsh = None
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""

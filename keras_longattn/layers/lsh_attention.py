@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
@@ -291,9 +292,7 @@ class LSHAttention(BaseAttention):
         """PyTorch only: the rounds' sorted chunks in the flash attention
         kernel, combined and differentiated in one autograd function
         (``keras_longattn.kernels.torch.lsh``)."""
-        import importlib
-
-        kernel = importlib.import_module("keras_longattn.kernels.torch.lsh")
+        kernel = backend_ops().lsh
         query = self._zero_padding(query, self._valid_tokens(context))
         buckets, k, _ = self._hash(query, context, hash_fn=kernel.hash_buckets)
         return kernel.lsh_attention(
@@ -309,8 +308,8 @@ class LSHAttention(BaseAttention):
 
     @_hashed_torch.refuses
     def _hashed_torch(self, context):
-        if keras.backend.backend() != "torch":
-            return f"needs the torch backend (active: {keras.backend.backend()})"
+        if backend_ops().lsh is None:
+            return f"needs the torch backend (active: {backend_ops().name})"
         return None
 
     # ------------------------------------------------------------ reference

@@ -2,7 +2,6 @@
 sparse attention inside k-means clusters, with optional local heads."""
 
 import dataclasses
-import importlib
 import math
 import numbers
 
@@ -12,6 +11,7 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
+from keras_longattn.kernels import backend_ops
 from keras_longattn.kernels import compiled
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
@@ -421,8 +421,8 @@ class RoutingAttention(BaseAttention):
 
     @_routed_torch.refuses
     def _routed_torch(self, context):
-        if keras.backend.backend() != "torch":
-            return f"needs the torch backend (active: {keras.backend.backend()})"
+        if backend_ops().routing is None:
+            return f"needs the torch backend (active: {backend_ops().name})"
         return None
 
     @implementation("routed_fused", kind="fused", dropout=False)
@@ -529,9 +529,7 @@ class RoutingAttention(BaseAttention):
                     fused=fused,
                 )
             elif torch_kernel:
-                # Imported here: layers never import a backend themselves.
-                kernel = importlib.import_module("keras_longattn.kernels.torch.routing")
-                out = kernel.token_routing_attention(
+                out = backend_ops().routing.token_routing_attention(
                     q_rt,
                     routing.keys,
                     v_rt,

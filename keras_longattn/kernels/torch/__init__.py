@@ -34,6 +34,20 @@ class TorchOps(BackendOps):
 
         return kernelized
 
+    @property
+    def routing(self):
+        # RoutingAttention "routed_torch" (kernels/torch/routing.py).
+        from keras_longattn.kernels.torch import routing
+
+        return routing
+
+    @property
+    def lsh(self):
+        # LSHAttention "hashed_torch" (kernels/torch/lsh.py).
+        from keras_longattn.kernels.torch import lsh
+
+        return lsh
+
     def take_rows(self, x, rows):
         x = ops.convert_to_tensor(x)
         rows = ops.convert_to_tensor(rows).to(torch.int64)
