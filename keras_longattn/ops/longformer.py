@@ -329,45 +329,43 @@ def longformer_attention(
                           key_mask=band_keys, scale=scale, **extra)
         if slots is None:
             return out
-        fused = True  # the global rows below: no dropout, fused kernel
-    # 1. The band, one layout per distinct dilation.
-    outs, lses, order = [], [], []
-    for r, heads in ({} if band_kernel is not None else _dilation_groups(dilations)).items():
-        def pick(x, heads=heads):
-            if len(heads) == H:
-                return x
-            if heads == list(range(heads[0], heads[-1] + 1)):
-                return x[:, :, heads[0] : heads[-1] + 1]
-            return ops.take(x, np.asarray(heads, dtype="int32"), axis=2)
-
-        if fused and slots is not None:
-            extra = (pick(keys_g), pick(values_g), positions, k_valid, subset_pattern)
-        out, lse = dilated_band_attention(
-            pick(query), pick(key), pick(value), look_back, look_ahead, r,
-            block_size=block_size, key_mask=local_keys, scale=scale,
-            dropout_fn=dropout_fn, fused=fused, extra_keys=extra,
-        )
-        outs.append(out)
-        lses.append(lse)
-        order.extend(heads)
-    if band_kernel is not None:
-        pass
-    elif len(outs) == 1:
-        out, lse = outs[0], lses[0]
     else:
-        inverse = np.argsort(np.asarray(order)).astype("int32")
-        out = ops.take(ops.concatenate(outs, axis=2), inverse, axis=2)
-        lse = None if fused else ops.take(ops.concatenate(lses, axis=2), inverse, axis=2)
-    if slots is None:
-        return out
+        # 1. The band, one layout per distinct dilation.
+        outs, lses, order = [], [], []
+        for r, heads in _dilation_groups(dilations).items():
+            def pick(x, heads=heads):
+                if len(heads) == H:
+                    return x
+                if heads == list(range(heads[0], heads[-1] + 1)):
+                    return x[:, :, heads[0] : heads[-1] + 1]
+                return ops.take(x, np.asarray(heads, dtype="int32"), axis=2)
 
-    if not fused:
-        # 2-3. Every query against the global keys, merged with the band.
-        subset_out, subset_lse = key_subset_attention(
-            query, keys_g, values_g, positions, k_valid, subset_pattern,
-            scale=scale, dropout_fn=dropout_fn,
-        )
-        out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
+            if fused and slots is not None:
+                extra = (pick(keys_g), pick(values_g), positions, k_valid, subset_pattern)
+            out, lse = dilated_band_attention(
+                pick(query), pick(key), pick(value), look_back, look_ahead, r,
+                block_size=block_size, key_mask=local_keys, scale=scale,
+                dropout_fn=dropout_fn, fused=fused, extra_keys=extra,
+            )
+            outs.append(out)
+            lses.append(lse)
+            order.extend(heads)
+        if len(outs) == 1:
+            out, lse = outs[0], lses[0]
+        else:
+            inverse = np.argsort(np.asarray(order)).astype("int32")
+            out = ops.take(ops.concatenate(outs, axis=2), inverse, axis=2)
+            lse = None if fused else ops.take(ops.concatenate(lses, axis=2), inverse, axis=2)
+        if slots is None:
+            return out
+
+        if not fused:
+            # 2-3. Every query against the global keys, merged with the band.
+            subset_out, subset_lse = key_subset_attention(
+                query, keys_g, values_g, positions, k_valid, subset_pattern,
+                scale=scale, dropout_fn=dropout_fn,
+            )
+            out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
 
     # 4. The global rows: each global query against every key.
     hot_q = slot_matrix(positions, q_valid, T, dtype=query.dtype)  # (B, G, T)
@@ -391,7 +389,7 @@ def longformer_attention(
             value_bias, mask=visible, scale=scale, dropout_fn=dropout_fn,
             key_bias=key_bias,
         )
-    elif fused:
+    elif fused or band_kernel is not None:  # no dropout on these paths
         rows = fused_dot_product_attention(
             global_query, global_key, global_value, mask=visible, scale=scale
         )
