@@ -68,18 +68,31 @@ stage_nbval() {
   # notebook writes next to itself stays out of notebooks/.
   # The notebooks that the notebooks stage executed with papermill (which
   # fails on a cell's error as nbval does) are not run a second time.
-  rm -rf "$NBVAL_DIR" && mkdir -p "$NBVAL_DIR"
-  local ran=" ${NOTEBOOKS:-quickstart} " path slug
-  for path in notebooks/*.ipynb; do
-    slug=$(basename "$path" .ipynb)
+  # NBVAL_SHARD=i/n: only the i-th of n shares of those notebooks (the
+  # i-th, (i+n)-th, ... in NBVAL_ORDER, then alphabetical), in
+  # build/nbval-i, so that n processes can run at once.
+  local dir="$NBVAL_DIR" shard="${NBVAL_SHARD:-1/1}"
+  local index=${shard%/*} count=${shard#*/}
+  [ "$count" -gt 1 ] && dir="$NBVAL_DIR-$index"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local ran=" ${NOTEBOOKS:-quickstart} " path slug position=0 selected=() seen=" "
+  for slug in ${NBVAL_ORDER:-} $(cd notebooks && ls *.ipynb | sed 's/\.ipynb$//'); do
+    [[ "$seen" == *" $slug "* ]] && continue
+    seen="$seen$slug "
+    path="notebooks/$slug.ipynb"
+    [ -f "$path" ] || continue
     if [ "$ran" = " all " ] || [[ "$ran" == *" $slug "* ]]; then
       echo "[nbval] $slug: executed by the notebooks stage"
       continue
     fi
-    cp "$path" "$NBVAL_DIR"/
+    position=$(( position + 1 ))
+    [ $(( (position - 1) % count + 1 )) -eq "$index" ] || continue
+    cp "$path" "$dir"/
+    selected+=("$slug")
   done
-  compgen -G "$NBVAL_DIR/*.ipynb" >/dev/null || { echo "[nbval] nothing left to run"; return 0; }
-  python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env "$NBVAL_DIR"/*.ipynb
+  [ ${#selected[@]} -gt 0 ] || { echo "[nbval] nothing left to run"; return 0; }
+  echo "[nbval] share $shard: ${selected[*]}"
+  python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env "$dir"/*.ipynb
 }
 
 stage_docs() {

@@ -103,7 +103,11 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   # pytest-xdist). No unit test measures time. Lane 1: the first backend,
   # then the LRA-style suite (trains, reports times, asserts none). Lane 2:
   # the other backends, then the quickstart notebook. The paper notebooks,
-  # whose claims include same-run speed ratios, run afterwards, alone.
+  # whose claims include same-run speed ratios, run afterwards, without the
+  # unit tests: in two processes at once (a notebook's ratios are between
+  # layers of its own run, which share the machine alike; the two slowest
+  # notebooks first, in different shares: about 5.5 min each at CI size),
+  # then the docs.
   echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}"
   (
     unit_tests "${backends[0]}" "$@"
@@ -116,7 +120,15 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   ) &
   lane2=$!
   wait $lane1 $lane2
-  [ $with_extra -eq 1 ] && extra docs nbval build browser
+  if [ $with_extra -eq 1 ]; then
+    export NBVAL_ORDER="${NBVAL_ORDER:-sparse_transformer routing_transformer linformer adamra synthesizer longformer}"
+    NBVAL_SHARD=1/2 extra nbval-1 nbval &
+    shard1=$!
+    NBVAL_SHARD=2/2 extra nbval-2 nbval &
+    shard2=$!
+    wait $shard1 $shard2
+    extra docs build browser
+  fi
 else
   for backend in "${backends[@]}"; do unit_tests "$backend" "$@"; done
   [ $with_extra -eq 1 ] && extra all notebooks lra nbval build browser

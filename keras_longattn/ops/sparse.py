@@ -348,8 +348,10 @@ def sparse_attention(
             before = after = 0
         if fused and band_kernel and pattern == "strided":
             # Queries are already scaled; padded keys are masked by `valid`.
+            # The kernel's own block size (not l): its blocks are a tiling
+            # only, and smaller ones waste fewer masked pairs.
             return backend_ops().band_attention(
-                q, k, v, l - 1, 0 if causal else l - 1, block_size=l,
+                q, k, v, l - 1, 0 if causal else l - 1,
                 key_mask=None if all_valid else valid,
                 scale=1.0,
             ), None

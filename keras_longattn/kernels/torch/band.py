@@ -76,21 +76,24 @@ def refusal(dtype, query_length, key_length, key_dim, value_dim):
 
 
 def default_block_size(look_back, look_ahead):
-    """Block size of :func:`band_attention`: the larger extent rounded up to
-    a multiple of 64 (of 32 below 32), at most 256.
+    """Block size of :func:`band_attention`: 64 positions (32 when both
+    extents are below 32).
 
-    Measured (2-core CPU, torch 2.13, n = 16384, H = 4, d = 64, forward and
-    backward, one process, loaded machine): causal extent 128: blocks of 128
-    took 467 ms, of 160 (the extent plus one, the earlier rule) 699 ms;
-    extent 256: 256 934 ms, 128 967 ms, 288 1196 ms; extent 512: 256
-    1204 ms, 512 1307 ms, 544 1532 ms; extent 128 both sides: 128 844 ms,
-    160 1211 ms. The CPU flash kernel tiles queries and keys in fixed
-    sizes, so blocks that fill its tiles beat blocks that read fewer keys.
+    The CPU flash kernel computes every (query, key) pair of a call, masked
+    or not, and does not skip tiles at these sizes (a causal call on
+    256 x 256 blocks took as long as a full one), so the useful share of
+    the work is ``extent / C`` with ``C = (before + 1 + after) * b``: small
+    blocks waste less, until the per-call overhead wins. Measured (2-core
+    CPU, torch 2.13, n = 16384, H = 4, d = 64, forward and backward, blocks
+    interleaved in one process, median of 5, two runs): causal extent 255:
+    blocks of 256 took 233 / 266 ms, of 128 199 / 235 ms, of 96 209 ms, of
+    64 185 / 220 ms; extent 127: 272, 148 and 125 ms for 256, 128 and 64;
+    extent 511: 377, 360 and 368 ms. (An earlier rule, the extent rounded
+    up to 64, at most 256, measured slightly ahead of 128 on a loaded
+    machine; these interleaved runs put 64 first at every extent.)
     """
     extent = max(int(look_back), int(look_ahead))
-    if extent < 32:
-        return 32
-    return min(256, -(-extent // 64) * 64)
+    return 32 if extent < 32 else 64
 
 
 def band_attention(query, key, value, look_back, look_ahead, block_size=None,
