@@ -57,7 +57,7 @@ unit_tests() {
     # keeps it here too).
     xla_flags="$xla_flags --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
   fi
-  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" \
+  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider --durations=15 "$@" \
     >"$LOGS/unit-$backend.log" 2>&1
   rc=$?
   if [ $rc -eq 5 ]; then

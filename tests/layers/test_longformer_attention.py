@@ -335,6 +335,9 @@ def test_global_rows_in_input_space_equal_projected_keys(causal, implementation)
     inputs differ (a swapped input would show), with padding and biases."""
     from keras_longattn.testing.properties import weight_gradients
 
+    # Seeded initialisers too: an unseeded draw once put a gradient at the
+    # 1e-4 tolerance (jax, one run in about ten).
+    keras.utils.set_random_seed(3)
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, N, 16)).astype("float32") for _ in range(3))
     pad = np.ones((2, N), bool)
