@@ -77,7 +77,7 @@ extra() {
   STAGES="$*" bash scripts/extra_stages.sh >"$LOGS/extra-$name.log" 2>&1
   rc=$?
   show "$LOGS/extra-$name.log" "stages: $*"
-  record "stages $*: rc=$rc, $(( $(date +%s) - s ))s" $rc
+  record "stages $* ($name): rc=$rc, $(( $(date +%s) - s ))s" $rc
   return $rc
 }
 
