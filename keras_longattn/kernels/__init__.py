@@ -71,6 +71,9 @@ class BackendOps:
     #: LSH attention kernel module, with ``hash_buckets`` and
     #: ``lsh_attention`` (None: none).
     lsh = None
+    #: The block-sparse Pallas kernel's layer entry points
+    #: (``kernels/jax/pallas_layers.py``; None: none).
+    pallas = None
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from keras_longattn import ops as la_ops
+from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import pallas_refusal
@@ -170,7 +171,7 @@ class BigBirdAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """The layer's block mask as the layout of the block-sparse Pallas
         kernel (JAX only), global rows included."""
-        from keras_longattn.kernels.jax import pallas_layers
+        pallas_layers = backend_ops().pallas
 
         return pallas_layers.bigbird_attention(
             query, key, value, self.block_size, self.window_blocks,

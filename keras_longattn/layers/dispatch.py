@@ -36,9 +36,8 @@ order of preference within a kind::
             return None
 """
 
-import keras
-
 from keras_longattn.kernels import IMPLEMENTATION_KINDS
+from keras_longattn.kernels import backend_ops
 
 #: Reason given when a path without attention dropout meets dropout in
 #: training.
@@ -48,11 +47,11 @@ DROPOUT_REASON = "attention dropout in training needs the explicit weights"
 def pallas_refusal():
     """Why a ``"pallas"`` path cannot run on the active backend (None on
     JAX, where it compiles on GPU/TPU and is interpreted on the CPU)."""
-    backend = keras.backend.backend()
-    if backend != "jax":
+    ops_table = backend_ops()
+    if ops_table.pallas is None:
         return (
             "the Pallas kernel needs the JAX backend (KERAS_BACKEND=jax); "
-            f"the active backend is {backend!r}"
+            f"the active backend is {ops_table.name!r}"
         )
     return None
 

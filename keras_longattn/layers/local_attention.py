@@ -151,7 +151,7 @@ class LocalAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """The band in the block-sparse Pallas kernel (JAX only; preferred
         by ``"auto"`` on GPU/TPU, interpreted on the CPU)."""
-        from keras_longattn.kernels.jax import pallas_layers
+        pallas_layers = backend_ops().pallas
 
         look_back, look_ahead = self.extents(context.causal)
         return pallas_layers.band_attention(

@@ -438,7 +438,7 @@ class LongformerAttention(BaseAttention):
         """Every part in the block-sparse Pallas kernel (JAX only): the
         window per dilation (tokens sorted by residue), the global keys
         (merged by log-sum-exp) and the global rows."""
-        from keras_longattn.kernels.jax import pallas_layers
+        pallas_layers = backend_ops().pallas
 
         qg, kg, vg = self._global_projections(context, rows_only=True)
         return pallas_layers.longformer_attention(

@@ -434,7 +434,7 @@ class RoutingAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """Balanced clusters as dense blocks of gathered tokens (and the
         local heads' band) in the block-sparse Pallas kernel (JAX only)."""
-        from keras_longattn.kernels.jax import pallas_layers
+        pallas_layers = backend_ops().pallas
 
         T, S = context.query_length, context.key_length
         scale = self._inverse_sqrt_key_dim
@@ -472,7 +472,7 @@ class RoutingAttention(BaseAttention):
         if context.causal and self.causal_routing == "token":
             return "causal_routing='token' (sorted chunks) is not in the kernel"
         if self.routing_heads and self.num_clusters is not None:
-            from keras_longattn.kernels.jax import pallas_layers
+            pallas_layers = backend_ops().pallas
 
             if self.num_clusters * pallas_layers.cluster_stride(max(T, S)) >= 2**31:
                 return ("num_clusters * the position stride overflows the "

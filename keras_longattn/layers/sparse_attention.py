@@ -323,7 +323,7 @@ class SparseAttention(BaseAttention):
     @implementation("pallas", kind="pallas", dropout=False)
     def _pallas(self, query, key, value, context):
         """Every part in the block-sparse Pallas kernel (JAX only)."""
-        from keras_longattn.kernels.jax import pallas_layers
+        pallas_layers = la_backend_ops().pallas
 
         T, S = context.query_length, context.key_length
         l = self.resolve_block_length(la_ops.shapes.larger(T, S))

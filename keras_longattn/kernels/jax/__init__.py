@@ -10,6 +10,13 @@ class JaxOps(BackendOps):
     name = "jax"
 
     @property
+    def pallas(self):
+        # The "pallas" implementations of the layers (kernels/jax/pallas_layers.py).
+        from keras_longattn.kernels.jax import pallas_layers
+
+        return pallas_layers
+
+    @property
     def auto_preference(self):
         """The Pallas kernel first on GPU/TPU, where it compiles; never on
         the CPU, where Pallas only interprets (slowly: tests only)."""

@@ -323,6 +323,17 @@ def band_backward(plan, query, key, value, key_mask, scale, out, lse, grad_out, 
                 dv[e, lo:hi] += gv[0].transpose(0, 1)
 
 
+def _backward_buffers(grad_out, dead, query):
+    """The output gradient (contiguous, zero for the ``dead`` queries,
+    which see no key, as :func:`band_backward` requires) and the buffers
+    of the input gradients: ``dq`` (written), ``dk`` and ``dv`` (added
+    onto: zeros), shaped like ``query``."""
+    grad_out = grad_out.contiguous()
+    if dead is not None:
+        grad_out = grad_out.masked_fill(dead[..., None], 0.0)
+    return grad_out, torch.empty_like(query), torch.zeros_like(query), torch.zeros_like(query)
+
+
 class _BandAttention(torch.autograd.Function):
 
     @staticmethod
@@ -338,12 +349,7 @@ class _BandAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, out, lse, key_mask = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        if ctx.dead is not None:
-            grad_out = grad_out.masked_fill(ctx.dead[..., None], 0.0)
-        dq = torch.empty_like(out)
-        dk = torch.zeros_like(out)
-        dv = torch.zeros_like(out)
+        grad_out, dq, dk, dv = _backward_buffers(grad_out, ctx.dead, query)
         band_backward(ctx.plan, query, key, value, key_mask, ctx.scale, out, lse, grad_out,
                       dq, dk, dv)
         return dq, dk, dv, None, None, None
@@ -394,12 +400,7 @@ class _BandWithKeys(torch.autograd.Function):
         (query, key, value, key_mask, extra_keys, extra_values, bias, out, band_lse, merged,
          share) = ctx.saved_tensors
         scale = ctx.scale
-        grad_out = grad_out.contiguous()
-        if ctx.dead is not None:
-            grad_out = grad_out.masked_fill(ctx.dead[..., None], 0.0)
-        dq = torch.empty_like(query)
-        dk = torch.zeros_like(key)
-        dv = torch.zeros_like(value)
+        grad_out, dq, dk, dv = _backward_buffers(grad_out, ctx.dead, query)
         # ``share`` is 0 for a query that sees no band key: its band
         # gradient vanishes, as band_backward requires.
         band_backward(ctx.plan, query, key, value, key_mask, scale, out, band_lse,

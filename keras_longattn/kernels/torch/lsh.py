@@ -130,7 +130,6 @@ class _Group:
 
     def __init__(self, wq, P, q_tok, k_tok, mask, num_tokens):
         self.wq, self.P = wq, P
-        self.width = 64  # head size D, set by the autograd function
         self.wk = P + wq
         self.m = q_tok.shape[0]
         self.q_tok = q_tok
@@ -143,8 +142,11 @@ class _Group:
         self.k_back[:, :P] += num_tokens + 1
         self.mask = mask
 
-    def slices(self):
-        step = max(1, MAX_BLOCK_ELEMENTS // (self.wk * 2 * self.width))
+    def slices(self, width):
+        """``(i0, i1, mask)`` per kernel call of chunks ``i0 .. i1 - 1``, so
+        that their gathered keys and values of head size ``width`` stay
+        within :data:`MAX_BLOCK_ELEMENTS`."""
+        step = max(1, MAX_BLOCK_ELEMENTS // (self.wk * 2 * width))
         for i0 in range(0, self.m, step):
             i1 = min(i0 + step, self.m)
             mask = self.mask if self.mask.shape[0] == 1 else self.mask[i0:i1]
@@ -283,9 +285,6 @@ class _LSHAttention(torch.autograd.Function):
     def _forward(ctx, q, k, v, plan, scale):
         R, N = plan.num_rounds, plan.num_tokens
         D = q.shape[1]
-        for groups in plan.rounds:
-            for gr in groups:
-                gr.width = D
         other = plan.other
         keep = other | ~other.any(0, keepdim=True)
         acc = q.new_zeros((N, D))
@@ -301,7 +300,7 @@ class _LSHAttention(torch.autograd.Function):
             saved = []
             for gr in groups:
                 parts = []
-                for i0, i1, mask in gr.slices():
+                for i0, i1, mask in gr.slices(D):
                     m = i1 - i0
                     qg = q.index_select(0, gr.q_src[i0:i1].reshape(-1)).view(m, 1, gr.wq, D)
                     kidx = gr.k_src[i0:i1].reshape(-1)
@@ -355,7 +354,7 @@ class _LSHAttention(torch.autograd.Function):
                     for buf in (dq_r, dk_r, dv_r):
                         buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
-                for (i0, i1, mask), (lse, kg, vg) in zip(gr.slices(), parts):
+                for (i0, i1, mask), (lse, kg, vg) in zip(gr.slices(D), parts):
                     m = i1 - i0
                     qsrc = gr.q_src[i0:i1].reshape(-1)
                     qg = q.index_select(0, qsrc).view(m, 1, gr.wq, D)
