@@ -35,10 +35,10 @@ gradient (:func:`make_plan`):
   output) and ``logsumexp = lse_r`` computes exactly that (its ``D`` is
   ``rowsum(grad_out * out) = w_r dO . O``): no gradient of ``lse`` is
   needed;
-* results and gradients go back to the tokens by ``index_copy`` (every
-  token is one query and one own key per round, and at most one previous
-  key: that gradient goes to a second half of the buffer), then a sum
-  over rounds: no scatter-add. The gathered keys and values of every chunk are kept
+* results go back to the tokens by ``index_copy`` (every token is one
+  query per round); gradients are added onto the tokens by ``index_add_``
+  (one query, one own key and at most one previous key per round), with
+  no per-round gradient buffers. The gathered keys and values of every chunk are kept
   for the backward: memory O(R * n * d) (about 4 R n d floats), nothing of
   size ``n^2``.
 
@@ -136,10 +136,6 @@ class _Group:
         self.k_tok = k_tok
         self.q_src = torch.where(q_tok == num_tokens, 0, q_tok)
         self.k_src = torch.where(k_tok == num_tokens, 0, k_tok)
-        # Where key gradients go: own keys to rows [0, N] of a (2N + 2)-row
-        # buffer, previous keys to rows [N + 1, 2N + 1].
-        self.k_back = k_tok.clone()
-        self.k_back[:, :P] += num_tokens + 1
         self.mask = mask
 
     def slices(self, width):
@@ -334,25 +330,17 @@ class _LSHAttention(torch.autograd.Function):
         N = plan.num_tokens
         D = q.shape[1]
         grad = grad.contiguous()
-        dq, dk, dv = (q.new_zeros((N, D)) for _ in range(3))
+        # Row N of each: the dump of padding rows (dropped at the end).
+        # Every round adds its gradients onto the tokens with index_add_
+        # (a token is one query and one own key per round, and at most one
+        # previous key): no per-round buffers to zero and sum.
+        dq, dk, dv = (q.new_zeros((N + 1, D)) for _ in range(3))
         go = q.new_zeros((N + 1, D))  # row N: padding rows get no gradient
-        # Per round: as queries; as own keys (rows [0, N], N: dump) and as
-        # previous keys (rows [N + 1, 2N + 1]).
-        dq_r = q.new_zeros((N + 1, D))
-        dk_r = q.new_zeros((2 * N + 2, D))
-        dv_r = q.new_zeros((2 * N + 2, D))
         for r, groups in enumerate(plan.rounds):
             # grad_out of round r: w_r dO; out: the combined O; logsumexp:
             # the round's own (see the module docstring). A round left out
             # by the self rule has w_r = 0: no gradient.
             torch.mul(grad, torch.exp(logits[r] - total)[:, None], out=go[:N])
-            if r:  # previous keys: not every token is one
-                if plan.same_tokens:
-                    dk_r[N + 1:].zero_()
-                    dv_r[N + 1:].zero_()
-                else:
-                    for buf in (dq_r, dk_r, dv_r):
-                        buf.zero_()
             for gr, parts in zip(groups, group_lse[r]):
                 for (i0, i1, mask), (lse, kg, vg) in zip(gr.slices(D), parts):
                     m = i1 - i0
@@ -366,16 +354,11 @@ class _LSHAttention(torch.autograd.Function):
                             gog, qg, kg, vg, og, lse, 0.0, False, attn_mask=mask,
                             scale=scale,
                         )
-                    dq_r.index_copy_(0, qtok, gq.view(-1, D))
-                    back = gr.k_back[i0:i1].reshape(-1)
-                    dk_r.index_copy_(0, back, gk.view(-1, D))
-                    dv_r.index_copy_(0, back, gv.view(-1, D))
-            dq += dq_r[:N]
-            dk += dk_r[:N]
-            dk += dk_r[N + 1:2 * N + 1]
-            dv += dv_r[:N]
-            dv += dv_r[N + 1:2 * N + 1]
-        return dq, dk, dv, None, None
+                    dq.index_add_(0, qtok, gq.view(-1, D))
+                    ktok = gr.k_tok[i0:i1].reshape(-1)
+                    dk.index_add_(0, ktok, gk.view(-1, D))
+                    dv.index_add_(0, ktok, gv.view(-1, D))
+        return dq[:N], dk[:N], dv[:N], None, None
 
 
 #: Most elements of one hashing projection ``(B, heads, n, c)``: 16 MiB.
