@@ -112,6 +112,46 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
     return idx
 
 
+#: Most elements of one similarity slice in :func:`nearest_centroids`:
+#: 4 Mi floats (16 MiB), under glibc's largest mmap threshold (32 MiB), so
+#: that a CPU allocator reuses the slice's memory instead of mapping and
+#: page-faulting a fresh buffer per call (measured, torch 2.13, 2-core CPU:
+#: the ``(1, 4, 16384, 128)`` similarity took 26-30 ms allocated per call,
+#: 16-18 ms written into reused memory).
+MAX_SIMILARITY_ELEMENTS = 1 << 22
+
+
+def nearest_centroids(x_hat, centroids, valid=None):
+    """:func:`nearest_centroid` of :func:`centroid_similarity`, a few heads
+    at a time: the same products and argmax (the same assignment), with no
+    similarity tensor above :data:`MAX_SIMILARITY_ELEMENTS` elements when a
+    head allows it.
+
+    Args:
+        x_hat: ``(B, n, H, d)`` normalised tokens.
+        centroids: ``(H, k, d)``.
+        valid: optional boolean ``(B, n)``; False marks padding.
+
+    Returns:
+        int32 ``(B, H, n)``; padded tokens get ``k``.
+    """
+    B, n, H = x_hat.shape[0], x_hat.shape[1], x_hat.shape[2]
+    k = centroids.shape[1]
+    if B is None or n is None:  # symbolic sizes: one slice
+        step = H
+    else:
+        step = max(1, MAX_SIMILARITY_ELEMENTS // max(B * n * k, 1))
+    if step >= H:
+        sim = centroid_similarity(x_hat, centroids, clusters_last=True)
+        return nearest_centroid(sim, valid, clusters_last=True)
+    parts = []
+    for h0 in range(0, H, step):
+        h1 = min(H, h0 + step)
+        sim = centroid_similarity(x_hat[:, :, h0:h1], centroids[h0:h1], clusters_last=True)
+        parts.append(nearest_centroid(sim, valid, clusters_last=True))
+    return ops.concatenate(parts, axis=1)
+
+
 @compiled(("window", "clusters_last"))
 def balanced_assignment(similarity, window, valid=None, clusters_last=False):
     """Balanced routing: each centroid takes its ``window`` most similar
@@ -319,14 +359,20 @@ def route(
     k_live = q_live if shared else sphere_normalize(k_in)
     q_hat = ops.stop_gradient(q_live)
     k_hat = ops.stop_gradient(k_live)
-    # Similarities laid out (B, H, n, k): the nearest centroid is a
-    # contiguous argmax, and the top-w choice reads the same tensor.
-    sim_q = centroid_similarity(q_hat, centroids, clusters_last=True)
-    sim_k = sim_q if shared else centroid_similarity(k_hat, centroids, clusters_last=True)
     near_q = near_k = None
-    if nearest or ema_decay is not None or commitment or not balanced:
-        near_q = nearest_centroid(sim_q, query_valid, clusters_last=True)
-        near_k = near_q if shared else nearest_centroid(sim_k, key_valid, clusters_last=True)
+    if balanced:
+        # Similarities laid out (B, H, n, k): the nearest centroid is a
+        # contiguous argmax, and the top-w choice reads the same tensor.
+        sim_q = centroid_similarity(q_hat, centroids, clusters_last=True)
+        sim_k = sim_q if shared else centroid_similarity(k_hat, centroids, clusters_last=True)
+        if nearest or ema_decay is not None or commitment:
+            near_q = nearest_centroid(sim_q, query_valid, clusters_last=True)
+            near_k = near_q if shared else nearest_centroid(sim_k, key_valid, clusters_last=True)
+    else:
+        # Token routing needs only the nearest centroids: a few heads at a
+        # time, no full similarity tensor.
+        near_q = nearest_centroids(q_hat, centroids, query_valid)
+        near_k = near_q if shared else nearest_centroids(k_hat, centroids, key_valid)
     routing = Routing(
         mode=mode,
         keys=ops.cast(l2_normalize(query), query.dtype) if shared else key,

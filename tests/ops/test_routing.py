@@ -50,6 +50,24 @@ def test_similarity_and_nearest_centroid():
     assert np.all(near[1, :, 6:] == 5)  # padding: no cluster
 
 
+@pytest.mark.parametrize("limit", [1, 2 * 9 * 5 * 2, 10**9])
+def test_nearest_centroids_in_head_slices_equal_one_similarity(limit, monkeypatch):
+    """Token routing's nearest centroids, taken a few heads at a time (one,
+    two, or all three heads per slice), equal the argmax of the whole
+    similarity, padding included."""
+    monkeypatch.setattr(KM, "MAX_SIMILARITY_ELEMENTS", limit)
+    x_hat = KM.sphere_normalize(_rand(2, 9, 3, 4))
+    mu = _rand(3, 5, 4, seed=1)
+    valid = np.ones((2, 9), bool)
+    valid[1, 6:] = False
+    whole = KM.nearest_centroid(KM.centroid_similarity(x_hat, mu, clusters_last=True), valid,
+                                clusters_last=True)
+    sliced = KM.nearest_centroids(x_hat, mu, valid)
+    assert tuple(sliced.shape) == (2, 3, 9)
+    np.testing.assert_array_equal(to_np(sliced), to_np(whole))
+    assert np.all(to_np(sliced)[1, :, 6:] == 5)
+
+
 def test_balanced_assignment_is_sorted_top_w_and_ranks_padding_last():
     sim = np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 11)).astype("float32")
     valid = np.ones((2, 11), bool)

@@ -22,9 +22,9 @@ per call without gradient (:func:`make_plan`):
   (``_scaled_dot_product_flash_attention_for_cpu`` and its backward,
   called directly) with an additive mask;
 * every query token fills one row, every key token one "own" row and at
-  most one "previous" row: results and gradients go back to the tokens by
-  ``index_copy`` (the previous-row gradients into a second buffer, then
-  added), never by a scatter-add.
+  most one "previous" row: results and query gradients go back to the
+  tokens by ``index_copy``, key and value gradients by ``index_add_`` (an
+  own and a previous row of a token add onto it).
 
 A query that sees no key gets zeros, as in the portable form. The result
 equals :func:`~keras_longattn.ops.sorted_chunk_attention` (causal) up to
@@ -71,6 +71,17 @@ def _scatter_rows(size, parts, rows):
     out = parts[0].new_zeros((size + 1, parts[0].shape[1]))
     for part, index in zip(parts, rows):
         out.index_copy_(0, index, part)
+    return out[:size]
+
+
+def _add_rows(size, parts, rows):
+    """A ``(size, D)`` tensor holding the sum of the rows of ``parts[g]``
+    sent to each row by ``rows[g]`` (rows of ``size``: padding, dropped).
+    A key token is one own key and at most one previous-chunk key: at most
+    two rows add onto it, in one ``index_add_`` per group."""
+    out = parts[0].new_zeros((size + 1, parts[0].shape[1]))
+    for part, index in zip(parts, rows):
+        out.index_add_(0, index, part)
     return out[:size]
 
 
@@ -202,7 +213,6 @@ def make_plan(query_buckets, key_buckets, num_buckets, window, query_length,
     flat.scatter_(0, target.reshape(-1), tok.reshape(-1))
     k_rows_prev = flat[: M * 2 * w].view(M, 2 * w)
     k_rows = torch.where(k_rows_prev >= 0, k_rows_prev, k_rows_own)
-    from_prev = k_rows_prev >= 0
 
     granule = min(GRANULE, w)
     kept = (nq > 0) & (nk > 0)  # a chunk whose queries see no key: zeros
@@ -225,10 +235,8 @@ def make_plan(query_buckets, key_buckets, num_buckets, window, query_length,
         # Where each entry's result goes back: its query row, its key row
         # as an own key, or as a previous-chunk key (the dump row else).
         n_keys = B * (T if shared else S) * H
-        prev = from_prev.index_select(0, chunks)[:, :wk]
         group.q_back = _dump_rows(gq_rows.reshape(-1), B * T * H)
-        group.k_own_back = _dump_rows(torch.where(prev, -1, gk_rows).reshape(-1), n_keys)
-        group.k_prev_back = _dump_rows(torch.where(prev, gk_rows, -1).reshape(-1), n_keys)
+        group.k_back = _dump_rows(gk_rows.reshape(-1), n_keys)
         groups.append(group)
     return _Plan(groups, B * T * H, B * (T if shared else S) * H)
 
@@ -292,10 +300,9 @@ class _TokenRoutingAttention(torch.autograd.Function):
                     zeros((plan.num_keys, d_k)), None, None)
         groups = plan.groups
         dq = _scatter_rows(plan.num_queries, dqs, [g.q_back for g in groups])
-        own = [g.k_own_back for g in groups]
-        prev = [g.k_prev_back for g in groups]
-        dk = _scatter_rows(plan.num_keys, dks, own).add_(_scatter_rows(plan.num_keys, dks, prev))
-        dv = _scatter_rows(plan.num_keys, dvs, own).add_(_scatter_rows(plan.num_keys, dvs, prev))
+        back = [g.k_back for g in groups]
+        dk = _add_rows(plan.num_keys, dks, back)
+        dv = _add_rows(plan.num_keys, dvs, back)
         return dq, dk, dv, None, None
 
 
