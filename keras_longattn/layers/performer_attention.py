@@ -12,6 +12,7 @@ from keras_longattn.layers.dispatch import is_training
 from keras_longattn.layers.linear_attention import NO_FUSED_KERNEL
 from keras_longattn.layers.linear_attention import check_epsilon
 from keras_longattn.layers.linear_attention import fused_kernelized
+from keras_longattn.layers.linear_attention import head_slices
 from keras_longattn.layers.linear_attention import refuse_dropout
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import performer as performer_ops
@@ -276,26 +277,33 @@ class PerformerAttention(BaseAttention):
     @implementation("favor_fused", kind="fused", dropout=False)
     def _favor_fused(self, query, key, value, context):
         """``"favor"`` with the feature map and the associative form as
-        functions with written-out backward passes (PyTorch)."""
+        functions with written-out backward passes (PyTorch), a few heads
+        at a time (:func:`head_slices`)."""
         fused = fused_kernelized()
         projection = self.projection(context.training)
-        # Head-major (B, H, n, m) features: no transposed copy of them.
-        qf = fused.softmax_kernel_features(
-            query, projection, is_query=True, causal=context.causal,
-            head_major=True,
-        )
-        kf = fused.softmax_kernel_features(
-            key, projection, is_query=False, causal=context.causal,
-            mask=context.padding.key_mask, head_major=True,
-        )
-        return fused.associative_attention(
-            qf, kf, value,
-            causal=context.causal,
-            key_mask=context.padding.key_mask,
-            chunk_size=self.chunk_size,
-            epsilon=self.epsilon,
-            head_major=True,
-        )
+        B, T, H = query.shape[0], query.shape[1], query.shape[2]
+        S = key.shape[1]
+        n = None if None in (T, S) else max(T, S)
+        outs = []
+        for h0, h1 in head_slices(B, n, H, self.num_features):
+            # Head-major (B, h, n, m) features: no transposed copy of them.
+            qf = fused.softmax_kernel_features(
+                query[:, :, h0:h1], projection, is_query=True, causal=context.causal,
+                head_major=True,
+            )
+            kf = fused.softmax_kernel_features(
+                key[:, :, h0:h1], projection, is_query=False, causal=context.causal,
+                mask=context.padding.key_mask, head_major=True,
+            )
+            outs.append(fused.associative_attention(
+                qf, kf, value[:, :, h0:h1],
+                causal=context.causal,
+                key_mask=context.padding.key_mask,
+                chunk_size=self.chunk_size,
+                epsilon=self.epsilon,
+                head_major=True,
+            ))
+        return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=2)
 
     @_favor_fused.refuses
     def _favor_fused(self, context):

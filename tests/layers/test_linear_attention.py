@@ -229,3 +229,45 @@ def test_config_defaults():
     assert (config["feature_map"], config["chunk_size"], config["epsilon"]) == (
         "elu+1", 64, 1e-6)
     assert LinearAttention.from_config(config).get_config() == config
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the fused kernelized path exists on PyTorch only")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layer_name", ["linear", "performer"])
+def test_fused_path_in_head_slices_equals_portable(layer_name, causal, monkeypatch):
+    """The fused path runs a few heads at a time (head_slices): with one
+    head per slice (a tiny element limit) and with all heads in one, its
+    values and input gradients equal the portable path's, padding
+    included."""
+    from keras_longattn.layers import PerformerAttention
+    from keras_longattn.layers import linear_attention as la
+
+    if layer_name == "linear":
+        cls, kwargs, fused_name, portable = LinearAttention, dict(KWARGS, num_heads=3), \
+            "kernel_fused", "kernel"
+    else:
+        cls, kwargs, fused_name, portable = PerformerAttention, dict(
+            num_heads=3, key_dim=8, num_features=16, chunk_size=6, seed=3), \
+            "favor_fused", "favor"
+    rng = np.random.default_rng(5)
+    x = (0.5 * rng.standard_normal((2, 29, 12))).astype("float32")
+    mask = np.ones((2, 29), bool)
+    mask[1, 20:] = False
+    ref = cls(**dict(kwargs, implementation=portable))
+    ref(x, x)
+
+    def run(layer):
+        fn = lambda v: layer(v, v, value_mask=mask, use_causal_mask=causal)  # noqa: E731
+        return to_np(fn(x)), input_gradient(fn, x)
+
+    expected = run(ref)
+    for limit in (1, 10**9):
+        monkeypatch.setattr(la, "MAX_SLICE_ELEMENTS", limit)
+        assert len(la.head_slices(2, 29, 3, 8)) == (3 if limit == 1 else 1)
+        fused = cls(**dict(kwargs, implementation=fused_name))
+        fused(x, x)
+        fused.set_weights(ref.get_weights())
+        got = run(fused)
+        assert fused.last_implementation == fused_name
+        for a, b in zip(got, expected):
+            assert rel_error(a, b) < 1e-5, (limit, rel_error(a, b))
