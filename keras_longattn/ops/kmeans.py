@@ -121,35 +121,57 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
 MAX_SIMILARITY_ELEMENTS = 1 << 22
 
 
-def nearest_centroids(x_hat, centroids, valid=None):
-    """:func:`nearest_centroid` of :func:`centroid_similarity`, a few heads
-    at a time: the same products and argmax (the same assignment), with no
-    similarity tensor above :data:`MAX_SIMILARITY_ELEMENTS` elements when a
-    head allows it.
+def _head_step(x_hat, centroids):
+    """Heads per similarity slice (all of them when a size is symbolic)."""
+    B, n, H = x_hat.shape[0], x_hat.shape[1], x_hat.shape[2]
+    if B is None or n is None:
+        return H
+    return max(1, MAX_SIMILARITY_ELEMENTS // max(B * n * centroids.shape[1], 1))
+
+
+def assign_by_heads(x_hat, centroids, valid=None, nearest=True, window=None):
+    """The nearest centroids (:func:`nearest_centroid`) and / or the
+    balanced top-``window`` members (:func:`balanced_assignment`) of
+    :func:`centroid_similarity`, a few heads at a time: the same products,
+    argmax and top-w as on the whole similarity (heads are independent),
+    with no similarity slice above :data:`MAX_SIMILARITY_ELEMENTS` elements
+    when a head allows it.
 
     Args:
         x_hat: ``(B, n, H, d)`` normalised tokens.
         centroids: ``(H, k, d)``.
         valid: optional boolean ``(B, n)``; False marks padding.
+        nearest: compute the nearest centroids.
+        window: members per cluster of the balanced assignment (None: none).
 
     Returns:
-        int32 ``(B, H, n)``; padded tokens get ``k``.
+        ``(nearest, members)``: int32 ``(B, H, n)`` (padded tokens get
+        ``k``) or None, and int32 ``(B, H, k, window)`` or None.
     """
-    B, n, H = x_hat.shape[0], x_hat.shape[1], x_hat.shape[2]
-    k = centroids.shape[1]
-    if B is None or n is None:  # symbolic sizes: one slice
-        step = H
-    else:
-        step = max(1, MAX_SIMILARITY_ELEMENTS // max(B * n * k, 1))
-    if step >= H:
-        sim = centroid_similarity(x_hat, centroids, clusters_last=True)
-        return nearest_centroid(sim, valid, clusters_last=True)
-    parts = []
+    H = x_hat.shape[2]
+    step = _head_step(x_hat, centroids)
+    near, members = [], []
     for h0 in range(0, H, step):
         h1 = min(H, h0 + step)
-        sim = centroid_similarity(x_hat[:, :, h0:h1], centroids[h0:h1], clusters_last=True)
-        parts.append(nearest_centroid(sim, valid, clusters_last=True))
-    return ops.concatenate(parts, axis=1)
+        part = (x_hat, centroids) if step >= H else (x_hat[:, :, h0:h1], centroids[h0:h1])
+        sim = centroid_similarity(*part, clusters_last=True)
+        if nearest:
+            near.append(nearest_centroid(sim, valid, clusters_last=True))
+        if window is not None:
+            members.append(balanced_assignment(sim, int(window), valid, clusters_last=True))
+
+    def joined(parts):
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+
+    return joined(near), joined(members)
+
+
+def nearest_centroids(x_hat, centroids, valid=None):
+    """:func:`nearest_centroid` of :func:`centroid_similarity`, a few heads
+    at a time (:func:`assign_by_heads`). Returns int32 ``(B, H, n)``."""
+    return assign_by_heads(x_hat, centroids, valid)[0]
 
 
 @compiled(("window", "clusters_last"))
@@ -359,20 +381,20 @@ def route(
     k_live = q_live if shared else sphere_normalize(k_in)
     q_hat = ops.stop_gradient(q_live)
     k_hat = ops.stop_gradient(k_live)
-    near_q = near_k = None
-    if balanced:
-        # Similarities laid out (B, H, n, k): the nearest centroid is a
-        # contiguous argmax, and the top-w choice reads the same tensor.
-        sim_q = centroid_similarity(q_hat, centroids, clusters_last=True)
-        sim_k = sim_q if shared else centroid_similarity(k_hat, centroids, clusters_last=True)
-        if nearest or ema_decay is not None or commitment:
-            near_q = nearest_centroid(sim_q, query_valid, clusters_last=True)
-            near_k = near_q if shared else nearest_centroid(sim_k, key_valid, clusters_last=True)
+    # Similarities (B, H, n, k) a few heads at a time: the nearest centroid
+    # is a contiguous argmax, and the top-w choice reads the same slice.
+    need_near = nearest or ema_decay is not None or commitment or not balanced
+    near_q, members_q = assign_by_heads(
+        q_hat, centroids, query_valid, nearest=need_near,
+        window=int(window) if balanced else None,
+    )
+    if shared:
+        near_k, members_k = near_q, members_q
     else:
-        # Token routing needs only the nearest centroids: a few heads at a
-        # time, no full similarity tensor.
-        near_q = nearest_centroids(q_hat, centroids, query_valid)
-        near_k = near_q if shared else nearest_centroids(k_hat, centroids, key_valid)
+        near_k, members_k = assign_by_heads(
+            k_hat, centroids, key_valid, nearest=need_near,
+            window=int(key_window or window) if balanced else None,
+        )
     routing = Routing(
         mode=mode,
         keys=ops.cast(l2_normalize(query), query.dtype) if shared else key,
@@ -392,14 +414,6 @@ def route(
             loss = 0.5 * (loss + commitment_loss(k_live, near_k, centroids))
         routing.loss = loss
     if balanced:
-        routing.query_indices = balanced_assignment(
-            sim_q, int(window), query_valid, clusters_last=True
-        )
-        routing.key_indices = (
-            routing.query_indices
-            if shared
-            else balanced_assignment(
-                sim_k, int(key_window or window), key_valid, clusters_last=True
-            )
-        )
+        routing.query_indices = members_q
+        routing.key_indices = members_k
     return routing

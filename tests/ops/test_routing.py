@@ -51,10 +51,10 @@ def test_similarity_and_nearest_centroid():
 
 
 @pytest.mark.parametrize("limit", [1, 2 * 9 * 5 * 2, 10**9])
-def test_nearest_centroids_in_head_slices_equal_one_similarity(limit, monkeypatch):
-    """Token routing's nearest centroids, taken a few heads at a time (one,
-    two, or all three heads per slice), equal the argmax of the whole
-    similarity, padding included."""
+def test_assignments_in_head_slices_equal_one_similarity(limit, monkeypatch):
+    """Routing's nearest centroids and balanced members, taken a few heads
+    at a time (one, two, or all three heads per slice), equal those of the
+    whole similarity, padding included."""
     monkeypatch.setattr(KM, "MAX_SIMILARITY_ELEMENTS", limit)
     x_hat = KM.sphere_normalize(_rand(2, 9, 3, 4))
     mu = _rand(3, 5, 4, seed=1)
@@ -66,6 +66,12 @@ def test_nearest_centroids_in_head_slices_equal_one_similarity(limit, monkeypatc
     assert tuple(sliced.shape) == (2, 3, 9)
     np.testing.assert_array_equal(to_np(sliced), to_np(whole))
     assert np.all(to_np(sliced)[1, :, 6:] == 5)
+    # The balanced top-w members likewise.
+    members_whole = KM.balanced_assignment(
+        KM.centroid_similarity(x_hat, mu, clusters_last=True), 4, valid, clusters_last=True)
+    near, members = KM.assign_by_heads(x_hat, mu, valid, nearest=False, window=4)
+    assert near is None and tuple(members.shape) == (2, 3, 5, 4)
+    np.testing.assert_array_equal(to_np(members), to_np(members_whole))
 
 
 def test_balanced_assignment_is_sorted_top_w_and_ranks_padding_last():

@@ -71,10 +71,13 @@ class TorchOps(BackendOps):
         # Where a row has more entries equal to its k-th value than places
         # left, take them by ascending position (as JAX and TensorFlow do).
         kth = torch.amin(torch.gather(x, axis, idx), dim=axis, keepdim=True)
-        at_least = torch.count_nonzero(x >= kth, dim=axis)
+        # An int32 sum: count_nonzero (and an int64 sum) cast the whole
+        # boolean to int64 first (64 MiB at (1, 4, 16384, 128), page-faulted
+        # per call): 33-37 ms against 17-18 ms measured.
+        at_least = (x >= kth).sum(dim=axis, dtype=torch.int32)
         if bool((at_least > k).any()):
             above = x > kth
-            need = k - torch.count_nonzero(above, dim=axis).unsqueeze(axis)
+            need = k - above.sum(dim=axis, dtype=torch.int32).unsqueeze(axis)
             tie = x == kth
             rank = torch.cumsum(tie.to(torch.int32), dim=axis)
             chosen = above | (tie & (rank <= need))
