@@ -205,12 +205,23 @@ class LSHAttention(BaseAttention):
             context.padding.query_mask, context.padding.key_mask
         )
 
-    def _hash(self, query, context, hash_fn=None):
+    def _hash(self, query, context):
         """``(buckets, num_buckets, valid)`` of a call: int32
         ``(B, num_hashes * H, n)``, the static bucket count and the boolean
-        ``(B, n)`` tokens that take part (or None). ``hash_fn``: a function
-        with the arguments of :func:`keras_longattn.ops.lsh.hash_buckets`
-        and the same result (a backend's faster form)."""
+        ``(B, n)`` tokens that take part (or None)."""
+        rot, columns, valid, c = self._hash_inputs(query, context)
+        return lsh_ops.hash_buckets(query, rot, columns, valid), 2 * c, valid
+
+    def _hash_inputs(self, query, context):
+        """``(rotations, columns, valid, c)``: the arguments of
+        :func:`keras_longattn.ops.lsh.hash_buckets` (or a backend's faster
+        form of it) after the query, and the column count ``c``.
+
+        The caller calls the hash function itself: under ``torch.compile``
+        the rotations break the graph here, and a function passed in as an
+        argument and called after that break came back as None in the
+        resumed frame (dynamo 2.13) once another implementation's call had
+        been compiled in the same process."""
         n = context.query_length
         c = self._columns(n)
         valid = self._valid_tokens(context)
@@ -220,8 +231,7 @@ class LSHAttention(BaseAttention):
             real = ops.sum(ops.cast(ops.cast(valid, "bool"), "int32"), axis=1)
         columns = lsh_ops.example_columns(real, self.bucket_size, self.num_buckets, c)
         rot = self.rotations(c, context.training)
-        hash_fn = lsh_ops.hash_buckets if hash_fn is None else hash_fn
-        return hash_fn(query, rot, columns, valid), 2 * c, valid
+        return rot, columns, valid, c
 
     def buckets(self, query, query_mask=None, training=False):
         """The buckets the layer's attention uses for inputs ``query``
@@ -294,7 +304,8 @@ class LSHAttention(BaseAttention):
         (``keras_longattn.kernels.torch.lsh``)."""
         kernel = backend_ops().lsh
         query = self._zero_padding(query, self._valid_tokens(context))
-        buckets, k, _ = self._hash(query, context, hash_fn=kernel.hash_buckets)
+        rot, columns, valid, c = self._hash_inputs(query, context)
+        buckets, k = kernel.hash_buckets(query, rot, columns, valid), 2 * c
         return kernel.lsh_attention(
             query,
             lsh_ops.shared_keys(query),

@@ -283,3 +283,28 @@ class TestLSHAttentionTorchKernel(AttentionLayerConformance):
     supports_cross_attention = False  # shared queries and keys
     secondary = True
     reference_lengths = (16, 37, 300)
+
+
+@torch_only
+@pytest.mark.slow
+def test_both_implementations_compiled_in_one_process():
+    """Models of "hashed_torch" and then "hashed" under jit_compile=True in
+    one process, at two lengths, predict the same as direct calls: dynamo
+    once resumed the hashing of the second with its hash function as None
+    (the hash function is now called by each implementation itself)."""
+    rng = np.random.default_rng(0)
+    for impl in ("hashed_torch", "hashed"):
+        x_in = keras.Input((None, 16))
+        m_in = keras.Input((None,), dtype="bool")
+        layer = LSHAttention(num_heads=2, key_dim=8, bucket_size=4, num_hashes=2,
+                             hash_seed=0, implementation=impl)
+        model = keras.Model([x_in, m_in], layer(x_in, x_in, query_mask=m_in,
+                                                value_mask=m_in, use_causal_mask=True))
+        model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse", jit_compile=True)
+        for n in (13, 20):
+            x = rng.standard_normal((4, n, 16)).astype("float32")
+            mask = np.ones((4, n), bool)
+            mask[1, n - 4:] = False
+            pred = model.predict([x, mask], batch_size=2, verbose=0)
+            direct = to_np(layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=True))
+            np.testing.assert_allclose(pred[mask], direct[mask], rtol=1e-4, atol=1e-5)
