@@ -112,7 +112,7 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
     return idx
 
 
-#: Most elements of one similarity slice in :func:`nearest_centroids`:
+#: Most elements of one similarity slice in :func:`assign_by_heads`:
 #: 4 Mi floats (16 MiB), under glibc's largest mmap threshold (32 MiB), so
 #: that a CPU allocator reuses the slice's memory instead of mapping and
 #: page-faulting a fresh buffer per call (measured, torch 2.13, 2-core CPU:
