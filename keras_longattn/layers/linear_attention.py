@@ -10,6 +10,7 @@ from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import kernelized
+from keras_longattn.ops import shapes
 
 
 def check_epsilon(epsilon):
@@ -39,29 +40,23 @@ def fused_kernelized():
 
 
 #: Most elements of one head slice's features, ``B * n * heads * features``
-#: (:func:`head_slices`): 4 Mi floats, 16 MiB.
+#: (:func:`fused_head_slices`): 16 MiB of float32.
 MAX_SLICE_ELEMENTS = 1 << 22
 
 
-def head_slices(batch, length, heads, features, limit=None):
-    """``(h0, h1)`` head ranges for the fused kernelized path, each with at
-    most ``limit`` (default :data:`MAX_SLICE_ELEMENTS`) feature elements
-    ``batch * length * (h1 - h0) * features`` when one head allows it (one
-    range when a size is unknown).
+def fused_head_slices(query, key, features):
+    """``(h0, h1)`` head ranges for the fused kernelized path of these
+    ``(B, T, H, d)`` queries and ``(B, S, H, d)`` keys
+    (:func:`keras_longattn.ops.shapes.head_slices` with
+    :data:`MAX_SLICE_ELEMENTS` and ``features`` per head and position).
 
     Heads are independent in kernelized attention, so running a few at a
     time changes no number; it keeps every temporary of a slice (features,
-    chunk states, their gradients) under glibc's largest mmap threshold
-    (32 MiB), where a CPU allocator reuses memory instead of mapping and
-    page-faulting fresh buffers on every call. Measured on the 2-core CPU
-    (torch 2.13): 24 buffers of 16 MiB took 14-19 ms to allocate and write,
-    6 of 64 MiB 38-165 ms.
+    chunk states, their gradients) out of the allocator's fresh mappings.
     """
-    limit = MAX_SLICE_ELEMENTS if limit is None else int(limit)
-    if not all(isinstance(x, int) for x in (batch, length, heads, features)):
-        return [(0, heads)]
-    step = max(1, limit // max(1, batch * length * features))
-    return [(h0, min(heads, h0 + step)) for h0 in range(0, heads, step)]
+    T, S = query.shape[1], key.shape[1]
+    n = None if None in (T, S) else max(T, S)
+    return shapes.head_slices(query.shape[0], n, query.shape[2], features, MAX_SLICE_ELEMENTS)
 
 
 def refuse_dropout(layer):
@@ -186,12 +181,9 @@ class LinearAttention(BaseAttention):
     def _kernel_fused(self, query, key, value, context):
         """The associative form as one function per mode with a written-out
         backward pass (PyTorch; the same numbers as ``"kernel"``), a few
-        heads at a time (:func:`head_slices`)."""
-        B, T, H = query.shape[0], query.shape[1], query.shape[2]
-        S = key.shape[1]
-        n = None if None in (T, S) else max(T, S)
+        heads at a time (:func:`fused_head_slices`)."""
         outs = []
-        for h0, h1 in head_slices(B, n, H, query.shape[3]):
+        for h0, h1 in fused_head_slices(query, key, query.shape[3]):
             q, k = query[:, :, h0:h1], key[:, :, h0:h1]
             outs.append(fused_kernelized().associative_attention(
                 self.features(q), self.features(k), value[:, :, h0:h1],

@@ -305,13 +305,13 @@ class LSHAttention(BaseAttention):
         kernel = backend_ops().lsh
         query = self._zero_padding(query, self._valid_tokens(context))
         rot, columns, valid, c = self._hash_inputs(query, context)
-        buckets, k = kernel.hash_buckets(query, rot, columns, valid), 2 * c
+        buckets = kernel.hash_buckets(query, rot, columns, valid)
         return kernel.lsh_attention(
             query,
             lsh_ops.shared_keys(query),
             value,
             buckets,
-            k,
+            2 * c,
             self.bucket_size,
             causal=context.causal,
             scale=self._inverse_sqrt_key_dim,

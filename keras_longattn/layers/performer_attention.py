@@ -12,7 +12,7 @@ from keras_longattn.layers.dispatch import is_training
 from keras_longattn.layers.linear_attention import NO_FUSED_KERNEL
 from keras_longattn.layers.linear_attention import check_epsilon
 from keras_longattn.layers.linear_attention import fused_kernelized
-from keras_longattn.layers.linear_attention import head_slices
+from keras_longattn.layers.linear_attention import fused_head_slices
 from keras_longattn.layers.linear_attention import refuse_dropout
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import performer as performer_ops
@@ -278,14 +278,11 @@ class PerformerAttention(BaseAttention):
     def _favor_fused(self, query, key, value, context):
         """``"favor"`` with the feature map and the associative form as
         functions with written-out backward passes (PyTorch), a few heads
-        at a time (:func:`head_slices`)."""
+        at a time (:func:`~keras_longattn.layers.linear_attention.fused_head_slices`)."""
         fused = fused_kernelized()
         projection = self.projection(context.training)
-        B, T, H = query.shape[0], query.shape[1], query.shape[2]
-        S = key.shape[1]
-        n = None if None in (T, S) else max(T, S)
         outs = []
-        for h0, h1 in head_slices(B, n, H, self.num_features):
+        for h0, h1 in fused_head_slices(query, key, self.num_features):
             # Head-major (B, h, n, m) features: no transposed copy of them.
             qf = fused.softmax_kernel_features(
                 query[:, :, h0:h1], projection, is_query=True, causal=context.causal,

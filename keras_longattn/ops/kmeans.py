@@ -24,6 +24,7 @@ from keras import ops
 
 from keras_longattn.kernels import backend_ops
 from keras_longattn.kernels import compiled
+from keras_longattn.ops import shapes
 
 #: Similarity given to padded tokens before the top-w selection (cosine
 #: similarities lie in [-1, 1]), so that they are chosen only when a
@@ -112,21 +113,11 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
     return idx
 
 
-#: Most elements of one similarity slice in :func:`assign_by_heads`:
-#: 4 Mi floats (16 MiB), under glibc's largest mmap threshold (32 MiB), so
-#: that a CPU allocator reuses the slice's memory instead of mapping and
-#: page-faulting a fresh buffer per call (measured, torch 2.13, 2-core CPU:
-#: the ``(1, 4, 16384, 128)`` similarity took 26-30 ms allocated per call,
-#: 16-18 ms written into reused memory).
+#: Most elements of one similarity slice in :func:`assign_by_heads`
+#: (:func:`keras_longattn.ops.shapes.head_slices`): 16 MiB of float32 (the
+#: ``(1, 4, 16384, 128)`` similarity took 26-30 ms allocated per call on
+#: torch, 16-18 ms written into reused memory).
 MAX_SIMILARITY_ELEMENTS = 1 << 22
-
-
-def _head_step(x_hat, centroids):
-    """Heads per similarity slice (all of them when a size is symbolic)."""
-    B, n, H = x_hat.shape[0], x_hat.shape[1], x_hat.shape[2]
-    if B is None or n is None:
-        return H
-    return max(1, MAX_SIMILARITY_ELEMENTS // max(B * n * centroids.shape[1], 1))
 
 
 def assign_by_heads(x_hat, centroids, valid=None, nearest=True, window=None):
@@ -148,12 +139,11 @@ def assign_by_heads(x_hat, centroids, valid=None, nearest=True, window=None):
         ``(nearest, members)``: int32 ``(B, H, n)`` (padded tokens get
         ``k``) or None, and int32 ``(B, H, k, window)`` or None.
     """
-    H = x_hat.shape[2]
-    step = _head_step(x_hat, centroids)
+    B, n, H = x_hat.shape[0], x_hat.shape[1], x_hat.shape[2]
+    slices = shapes.head_slices(B, n, H, centroids.shape[1], MAX_SIMILARITY_ELEMENTS)
     near, members = [], []
-    for h0 in range(0, H, step):
-        h1 = min(H, h0 + step)
-        part = (x_hat, centroids) if step >= H else (x_hat[:, :, h0:h1], centroids[h0:h1])
+    for h0, h1 in slices:
+        part = (x_hat, centroids) if len(slices) == 1 else (x_hat[:, :, h0:h1], centroids[h0:h1])
         sim = centroid_similarity(*part, clusters_last=True)
         if nearest:
             near.append(nearest_centroid(sim, valid, clusters_last=True))
@@ -166,12 +156,6 @@ def assign_by_heads(x_hat, centroids, valid=None, nearest=True, window=None):
         return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
 
     return joined(near), joined(members)
-
-
-def nearest_centroids(x_hat, centroids, valid=None):
-    """:func:`nearest_centroid` of :func:`centroid_similarity`, a few heads
-    at a time (:func:`assign_by_heads`). Returns int32 ``(B, H, n)``."""
-    return assign_by_heads(x_hat, centroids, valid)[0]
 
 
 @compiled(("window", "clusters_last"))

@@ -62,7 +62,7 @@ def test_assignments_in_head_slices_equal_one_similarity(limit, monkeypatch):
     valid[1, 6:] = False
     whole = KM.nearest_centroid(KM.centroid_similarity(x_hat, mu, clusters_last=True), valid,
                                 clusters_last=True)
-    sliced = KM.nearest_centroids(x_hat, mu, valid)
+    sliced, _ = KM.assign_by_heads(x_hat, mu, valid)
     assert tuple(sliced.shape) == (2, 3, 9)
     np.testing.assert_array_equal(to_np(sliced), to_np(whole))
     assert np.all(to_np(sliced)[1, :, 6:] == 5)

@@ -64,24 +64,18 @@ def _dump_rows(rows, size):
     return torch.where(rows < 0, size, rows)
 
 
-def _scatter_rows(size, parts, rows):
+def _scatter_rows(size, parts, rows, add=False):
     """A ``(size, D)`` tensor holding row ``i`` of ``parts[g]`` at row
-    ``rows[g][i]`` (rows of ``size``: padding, dropped), zeros elsewhere.
-    Every real row is written once: an ``index_copy``, no accumulation."""
+    ``rows[g][i]`` (rows of ``size``: padding, dropped), zeros elsewhere:
+    ``index_copy`` where every real row is written once (queries), and
+    ``index_add_`` with ``add`` (a key token's own and previous-chunk rows
+    add onto it)."""
     out = parts[0].new_zeros((size + 1, parts[0].shape[1]))
     for part, index in zip(parts, rows):
-        out.index_copy_(0, index, part)
-    return out[:size]
-
-
-def _add_rows(size, parts, rows):
-    """A ``(size, D)`` tensor holding the sum of the rows of ``parts[g]``
-    sent to each row by ``rows[g]`` (rows of ``size``: padding, dropped).
-    A key token is one own key and at most one previous-chunk key: at most
-    two rows add onto it, in one ``index_add_`` per group."""
-    out = parts[0].new_zeros((size + 1, parts[0].shape[1]))
-    for part, index in zip(parts, rows):
-        out.index_add_(0, index, part)
+        if add:
+            out.index_add_(0, index, part)
+        else:
+            out.index_copy_(0, index, part)
     return out[:size]
 
 
@@ -301,8 +295,8 @@ class _TokenRoutingAttention(torch.autograd.Function):
         groups = plan.groups
         dq = _scatter_rows(plan.num_queries, dqs, [g.q_back for g in groups])
         back = [g.k_back for g in groups]
-        dk = _add_rows(plan.num_keys, dks, back)
-        dv = _add_rows(plan.num_keys, dvs, back)
+        dk = _scatter_rows(plan.num_keys, dks, back, add=True)
+        dv = _scatter_rows(plan.num_keys, dvs, back, add=True)
         return dq, dk, dv, None, None
 
 
