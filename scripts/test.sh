@@ -26,16 +26,18 @@ echo "[stage] setup: $(( $(date +%s) - t0 ))s"
 # every write: quadratic in the thousands of small programs); instead the
 # folder is emptied when it has grown past 4 GiB.
 cache_root="${KERAS_LONGATTN_COMPILE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keras-longattn}"
-if [ "$cache_root" != off ] && mkdir -p "$cache_root/jax" "$cache_root/torchinductor" 2>/dev/null; then
+if [ "$cache_root" != off ] && mkdir -p "$cache_root/jax" "$cache_root/torchinductor" "$cache_root/torch_extensions" 2>/dev/null; then
   if [ "$(du -sk "$cache_root" | cut -f1)" -gt $(( 4 * 1024 * 1024 )) ]; then
     echo "[test] compilation caches over 4 GiB: emptied"
-    rm -rf "$cache_root/jax" "$cache_root/torchinductor"
-    mkdir -p "$cache_root/jax" "$cache_root/torchinductor"
+    rm -rf "$cache_root/jax" "$cache_root/torchinductor" "$cache_root/torch_extensions"
+    mkdir -p "$cache_root/jax" "$cache_root/torchinductor" "$cache_root/torch_extensions"
   fi
   export JAX_COMPILATION_CACHE_DIR="$cache_root/jax"
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
   export TORCHINDUCTOR_CACHE_DIR="$cache_root/torchinductor"
+  # The C++ band kernel (kernels/torch/native.py), built once per machine.
+  export TORCH_EXTENSIONS_DIR="$cache_root/torch_extensions"
   echo "[test] compilation caches in $cache_root ($(du -sh "$cache_root" 2>/dev/null | cut -f1) now)"
 fi
 

@@ -1,7 +1,12 @@
 """The PyTorch band-attention kernel (``kernels/torch/band.py``) against the
 dense reference: values and gradients, causal and bidirectional, padding,
 lengths that are not multiples of the block, several kernel calls per
-sequence. On the other backends: the ``"band_kernel"`` path refuses."""
+sequence. The function-level tests run both ways of computing it: the
+compiled C++ kernel (``kernels/torch/csrc``, ``path="native"``) and the CPU
+flash-kernel calls (``path="flash"``). On the other backends: the
+``"band_kernel"`` path refuses."""
+
+import shutil
 
 import keras
 import numpy as np
@@ -14,6 +19,38 @@ from keras_longattn.testing import AttentionLayerConformance
 
 ON_TORCH = keras.backend.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="PyTorch kernel")
+
+
+@pytest.fixture(params=["native", "flash"])
+def path(request):
+    """Runs the test with the compiled kernel, then with the flash calls."""
+    from keras_longattn.kernels.torch import native
+
+    if request.param == "native" and native.band_ops() is None:
+        pytest.skip("the compiled band kernel does not build here "
+                    "(test_native_kernel_builds says why)")
+    with native.use_native(request.param == "native"):
+        yield request.param
+
+
+@torch_only
+def test_native_kernel_builds():
+    """Where a C++ compiler exists the compiled kernel must build and be the
+    one LocalAttention uses, so that a broken build cannot hide behind the
+    fallback."""
+    import warnings
+
+    from keras_longattn.kernels.torch import band, native
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on PATH: the flash-kernel path is used")
+    with native.use_native(True), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.band_ops() is not None
+        assert band._Plan(64, 16, 7, 0, 16).native is not None
+    with native.use_native(False):
+        assert native.band_ops() is None
+        assert band._Plan(64, 16, 7, 0, 16).native is None
 
 
 @torch_only
@@ -96,13 +133,16 @@ CASES = [
 @torch_only
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("small_calls", [False, True])
-def test_kernel_equals_dense_reference(case, small_calls, monkeypatch):
+def test_kernel_equals_dense_reference(case, small_calls, path, monkeypatch):
     import torch
 
     from keras_longattn.kernels.torch import band
 
-    if small_calls:  # many groups and edge segments per sequence
+    if small_calls:
+        # flash: many groups and edge segments per sequence; native: tiles
+        # of 5 queries (a length of 5 never divides the cases' windows).
         monkeypatch.setattr(band, "MAX_BAND_ELEMENTS", 1 << 11)
+        monkeypatch.setattr(band, "NATIVE_TILE", 5)
     B, T, look_back, look_ahead, block_size, padded = case
     H, d = 2, 8
     gen = torch.Generator().manual_seed(T + look_back)
@@ -127,7 +167,7 @@ def test_kernel_equals_dense_reference(case, small_calls, monkeypatch):
 @torch_only
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window_heads", [0, 1, 2, 3])
-def test_strided_kernel_equals_dense_reference(causal, window_heads):
+def test_strided_kernel_equals_dense_reference(causal, window_heads, path):
     """Head by head: a window of ``l`` keys for the first heads, every
     ``l``-th key for the others; inputs are head slices (strided views)."""
     import torch
@@ -171,7 +211,7 @@ def test_strided_kernel_rejects_a_stride_that_does_not_divide():
 
 
 @torch_only
-def test_future_tokens_do_not_change_causal_outputs():
+def test_future_tokens_do_not_change_causal_outputs(path):
     """Causality by perturbation: changing positions > t leaves outputs <= t."""
     import torch
 
@@ -189,7 +229,7 @@ def test_future_tokens_do_not_change_causal_outputs():
 
 
 @torch_only
-def test_padded_keys_do_not_change_outputs():
+def test_padded_keys_do_not_change_outputs(path):
     import torch
 
     from keras_longattn.kernels.torch import band
@@ -267,7 +307,7 @@ def _dense_with_extra(q, k, v, look_back, look_ahead, key_mask, extra_k, extra_v
 
 @torch_only
 @pytest.mark.parametrize("case", CASES)
-def test_extra_keys_equal_one_softmax(case):
+def test_extra_keys_equal_one_softmax(case, path):
     """The band and a few extra keys merged inside the autograd function
     equal one dense softmax over both, values and the gradients of every
     input (the extra keys' included); queries that see nothing get zeros."""

@@ -10,13 +10,18 @@ head slice, transposed copy or concatenation (nor their backward) is made:
 in the portable fused path these copies cost more than the kernel calls.
 The autograd function keeps the inputs, the output and the log-sum-exp.
 
+Where the compiled band kernel builds (:mod:`keras_longattn.kernels.torch.native`),
+it runs both parts: pattern A as the band, pattern B as a band of
+``T / stride`` keys over each column (the columns are one more strided
+view), instead of the flash calls.
+
 Shape legend: B batch, T sequence length, H heads, d head size, l stride,
 m = T / l rows, h heads of pattern A.
 """
 
 import torch
 
-from keras_longattn.kernels.torch import band
+from keras_longattn.kernels.torch import band, native
 
 _flash = band._flash
 _flash_backward = band._flash_backward
@@ -59,6 +64,14 @@ def strided_attention_eager(query, key, value, stride, causal, window_heads, sca
     return strided_attention(query, key, value, stride, causal, window_heads, scale)
 
 
+def _column_rows(x, stride):
+    """``x`` ``(T, H, d)`` as ``(l, m, H, d)``: column ``c``, row ``r`` is
+    position ``r * l + c`` (a view: the compiled kernel's layout)."""
+    T, H, d = x.shape
+    return x.as_strided((stride, T // stride, H, d), (x.stride(0), stride * x.stride(0))
+                        + x.stride()[1:], x.storage_offset())
+
+
 def _columns(x, stride):
     """``x`` ``(T, H, d)`` as ``(l, H, m, d)``: column ``c``, row ``r`` is
     position ``r * l + c`` (a view)."""
@@ -76,16 +89,24 @@ class _Strided(torch.autograd.Function):
         out = torch.empty((B, T, H, d), dtype=query.dtype)
         lse_a = torch.empty((B, T, h), dtype=torch.float32)
         lse_b = torch.empty((B, stride, H - h, T // stride), dtype=torch.float32)
+        kernel = native.band_ops()  # compiled kernel, or None: flash calls
         if h:
             band.band_forward(plan, query[:, :, :h], key[:, :, :h], value[:, :, :h], None,
                               scale, out[:, :, :h], lse_a)
-        if h < H:
+        if h < H and kernel is not None:
+            m = T // stride
+            for e in range(B):
+                q, k, v, o = (_column_rows(t[e, :, h:], stride) for t in (query, key, value, out))
+                kernel.forward(q, k, v, None, m - 1, 0 if causal else m - 1, band.NATIVE_TILE,
+                               scale, o, lse_b[e].transpose(1, 2))
+        elif h < H:
             for e in range(B):
                 q, k, v = (_columns(t[e, :, h:], stride) for t in (query, key, value))
                 o, l = _flash(q, k, v, 0.0, causal, scale=scale)
                 _columns(out[e, :, h:], stride).copy_(o)
                 lse_b[e] = l
         ctx.save_for_backward(query, key, value, out, lse_a, lse_b)
+        ctx.kernel = kernel
         ctx.plan, ctx.stride, ctx.causal, ctx.h, ctx.scale = plan, stride, causal, h, scale
         return out
 
@@ -99,12 +120,19 @@ class _Strided(torch.autograd.Function):
         dk = torch.empty_like(out)
         dv = torch.empty_like(out)
         if h:
-            dk[:, :, :h] = 0.0
-            dv[:, :, :h] = 0.0
             band.band_backward(plan, query[:, :, :h], key[:, :, :h], value[:, :, :h], None,
                                scale, out[:, :, :h], lse_a, grad_out[:, :, :h],
                                dq[:, :, :h], dk[:, :, :h], dv[:, :, :h])
-        if h < H:
+        if h < H and ctx.kernel is not None:
+            m = query.shape[1] // stride
+            for e in range(query.shape[0]):
+                q, k, v, o, go, gq, gk, gv = (
+                    _column_rows(t[e, :, h:], stride)
+                    for t in (query, key, value, out, grad_out, dq, dk, dv))
+                ctx.kernel.backward(q, k, v, None, m - 1, 0 if causal else m - 1,
+                                    band.NATIVE_TILE, scale, o, lse_b[e].transpose(1, 2),
+                                    go, gq, gk, gv)
+        elif h < H:
             for e in range(query.shape[0]):
                 q, k, v = (_columns(t[e, :, h:], stride) for t in (query, key, value))
                 go = _columns(grad_out[e, :, h:], stride)
