@@ -12,6 +12,9 @@ backend without its own entry gets):
 
 * ``take_rows(x, rows)``: ``x[rows]`` of a 2-D tensor;
 * ``segment_sum(data, segment_ids, num_segments)``: sums over the first axis;
+* ``cluster_sums(x, assignment, num_clusters)``: per head, the sums and
+  counts of the tokens assigned to each of ``k`` clusters (k-means
+  statistics);
 * ``top_k_indices(x, k, axis)``: positions of the ``k`` largest entries
   along ``axis``, ties resolved towards the lower position on every backend;
 * ``dot_product_attention(q, k, v, mask, is_causal, scale)``: the fused
@@ -83,6 +86,25 @@ class BackendOps:
         """Sums of the rows of ``data`` per segment id in
         ``[0, num_segments)``."""
         return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+
+    def cluster_sums(self, x, assignment, num_clusters):
+        """Per head, the float32 sums ``(H, k, d)`` and counts ``(H, k)`` of
+        the tokens ``x`` ``(B, n, H, d)`` assigned to each cluster by
+        ``assignment`` int ``(B, H, n)`` in ``[0, k]`` (``k``: padding,
+        dropped), over the batch.
+
+        One matrix product with the ``(B, H, n, k)`` membership indicators:
+        O(n k d), the size of the similarities the assignment already
+        formed, and one compiled program with no scatter on JAX and
+        TensorFlow.
+        """
+        k = int(num_clusters)
+        clusters = ops.arange(k, dtype="int32")
+        member = ops.equal(ops.expand_dims(ops.cast(assignment, "int32"), -1), clusters)
+        member = ops.cast(member, "float32")  # (B, H, n, k); padding: no cluster
+        sums = ops.einsum("bhnk,bnhd->hkd", member, ops.cast(x, "float32"))
+        counts = ops.sum(member, axis=(0, 2))
+        return sums, counts
 
     def top_k_indices(self, x, k, axis=-1):
         """int32 positions of the ``k`` largest entries along ``axis`` (in no

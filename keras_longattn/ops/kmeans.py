@@ -204,10 +204,9 @@ def cluster_statistics(x_hat, assignment, num_clusters):
     """Per-head sums and counts of the tokens assigned to each centroid,
     over the batch (padded tokens, marked ``num_clusters``, are dropped).
 
-    Computed as one matrix product with the ``(B, H, n, k)`` membership
-    indicators: O(n * k * d), the cost and the size of the similarities
-    the assignment already formed, and on torch about twice as fast as a
-    segment sum into so few rows (``index_add`` serialises on them).
+    The backend table's ``cluster_sums``: one matrix product with the
+    ``(B, H, n, k)`` membership indicators (JAX, TensorFlow), a row
+    scatter-add on torch (:mod:`keras_longattn.kernels`).
 
     Args:
         x_hat: ``(B, n, H, d)`` normalised tokens.
@@ -217,13 +216,7 @@ def cluster_statistics(x_hat, assignment, num_clusters):
     Returns:
         float32 sums ``(H, k, d)`` and counts ``(H, k)``.
     """
-    k = int(num_clusters)
-    clusters = ops.arange(k, dtype="int32")
-    member = ops.equal(ops.expand_dims(ops.cast(assignment, "int32"), -1), clusters)
-    member = ops.cast(member, "float32")  # (B, H, n, k); padding: no cluster
-    sums = ops.einsum("bhnk,bnhd->hkd", member, ops.cast(x_hat, "float32"))
-    counts = ops.sum(member, axis=(0, 2))
-    return sums, counts
+    return backend_ops().cluster_sums(x_hat, assignment, int(num_clusters))
 
 
 @compiled(("decay",))
