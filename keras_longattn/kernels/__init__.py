@@ -30,7 +30,7 @@ backend without its own entry gets):
   ``band_attention_refusal(dtype, query_length, key_length, key_dim,
   value_dim)`` is None (the
   portable table has none: it refuses every call); ``strided_attention``
-  likewise, for the Sparse Transformer's strided pattern;
+  and ``fixed_attention`` likewise, for the Sparse Transformer's patterns;
 * ``kernelized``: a module of kernelized attention with hand-written
   gradients (``associative_attention`` and ``softmax_kernel_features``, the
   arguments and results of :mod:`keras_longattn.ops.kernelized` and
@@ -160,6 +160,16 @@ class BackendOps:
         ``stride``-th key) of ``(B, T, H, d)`` heads, ``T`` a multiple of
         ``stride``, no padding, by a backend kernel; only where
         :meth:`band_attention_refusal` is None."""
+        raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
+
+    def fixed_attention(self, q, k, v, block_length, summary_width, causal, block_heads,
+                        scale):
+        """The Sparse Transformer's fixed pattern (heads ``[0,
+        block_heads)`` their own block of ``block_length`` keys, the others
+        the last ``summary_width`` positions of every block) of ``(B, T, H,
+        d)`` heads, ``T`` a multiple of ``block_length``, no padding, by the
+        backend's kernels; only where :meth:`band_attention_refusal` is
+        None."""
         raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
 
 

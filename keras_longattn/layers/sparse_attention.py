@@ -136,7 +136,7 @@ class SparseAttention(BaseAttention):
     >>> x = np.random.rand(1, 10, 16).astype("float32")
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (1, 10, 16)
-    >>> layer.last_implementation in ("blocked", "blocked_fused")  # torch: fused
+    >>> layer.last_implementation in ("blocked", "blocked_fused")  # torch: fused (10 % 4 != 0)
     True
 
     Reference:
@@ -279,30 +279,48 @@ class SparseAttention(BaseAttention):
 
     @implementation("band_kernel", kind="fused", dropout=False)
     def _band_kernel(self, query, key, value, context):
-        """``"blocked_fused"`` with strided part A (a sliding window) on the
-        backend's band-attention kernel (PyTorch on the CPU, see
-        ``keras_longattn/kernels/torch/band.py``)."""
+        """``"blocked_fused"`` with the backend's kernels (PyTorch on the
+        CPU): strided part A (a sliding window) on the band-attention
+        kernel (``keras_longattn/kernels/torch/band.py``); when the length
+        is a multiple of ``l`` (fixed and causal: any length) and nothing is
+        padded, both parts of either pattern in one autograd function on
+        views of the inputs (``kernels/torch/strided.py``,
+        ``kernels/torch/fixed.py``); otherwise the fused layouts of
+        ``"blocked_fused"`` for fixed."""
         T = context.query_length
         l = self.resolve_block_length(la_ops.shapes.larger(T, context.key_length))
-        if context.padding.key_mask is None and isinstance(T, int) and T % l == 0:
-            # Both parts in one kernel call each, on views of the inputs.
-            heads = self.num_heads
-            window_heads = (
-                la_sparse.multihead_split(heads) if self.combination == "multihead" else heads
+        heads = self.num_heads
+        heads_a = {"multihead": la_sparse.multihead_split(heads), "first": heads,
+                   "second": 0}[self.combination]
+        unpadded = context.padding.key_mask is None and isinstance(T, int)
+        if self.pattern == "fixed" and unpadded and context.causal and T % l:
+            # Causal: keys appended after the last query are seen by no
+            # real query, so the kernels run on the length padded to a
+            # multiple of l and the extra rows are dropped.
+            N = -(-T // l) * l
+            out = la_backend_ops().fixed_attention(
+                *(la_ops.blocked.pad_axis(t, 1, N) for t in (query, key, value)),
+                l, self.resolve_summary_width(l), True, heads_a, self._inverse_sqrt_key_dim,
             )
+            return out[:, :T]
+        if unpadded and T % l == 0:
+            # Both parts in one kernel call each, on views of the inputs.
+            if self.pattern == "fixed":
+                return la_backend_ops().fixed_attention(
+                    query, key, value, l, self.resolve_summary_width(l), context.causal,
+                    heads_a, self._inverse_sqrt_key_dim,
+                )
             return la_backend_ops().strided_attention(
-                query, key, value, l, context.causal, window_heads,
+                query, key, value, l, context.causal, heads_a,
                 self._inverse_sqrt_key_dim,
             )
         return self._block_sparse(query, key, value, context, fused=True, band_kernel=True)
 
     @_band_kernel.refuses
     def _band_kernel(self, context):
-        if self.pattern != "strided":
-            return "the band kernel serves the strided pattern's window"
         if self.combination == "merged":
             return "combination='merged' needs each part's log-sum-exp"
-        if self.combination == "second":
+        if self.pattern == "strided" and self.combination == "second":
             return "combination='second' has no window part"
         return la_backend_ops().band_attention_refusal(
             self.compute_dtype, context.query_length, context.key_length,

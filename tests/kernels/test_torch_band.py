@@ -53,8 +53,23 @@ def test_native_kernel_builds():
         assert band._Plan(64, 16, 7, 0, 16).native is None
 
 
+class BandKernelLimits:
+    """What a forced ``implementation="band_kernel"`` refuses by design,
+    before running (``"auto"`` takes another path for these calls): query
+    and key lengths that differ, and ``value_dim != key_dim``. The property
+    tests (``--run-slow``) then draw no cross-attention, and the two
+    value_dim cases must fail with that refusal."""
+
+    supports_cross_attention = False
+    known_failures = {
+        "test_prop_projection_shapes[value_dim]": "band_kernel needs value_dim == key_dim",
+        "test_prop_projection_shapes[value_dim_output_shape_tuple]":
+            "band_kernel needs value_dim == key_dim",
+    }
+
+
 @torch_only
-class TestLocalAttentionBandKernel(AttentionLayerConformance):
+class TestLocalAttentionBandKernel(BandKernelLimits, AttentionLayerConformance):
     layer_cls = LocalAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 6}
     implementation = "band_kernel"
@@ -64,7 +79,7 @@ class TestLocalAttentionBandKernel(AttentionLayerConformance):
 
 
 @torch_only
-class TestLocalAttentionBandKernelExtents(AttentionLayerConformance):
+class TestLocalAttentionBandKernelExtents(BandKernelLimits, AttentionLayerConformance):
     """Unequal extents and a block size that divides neither."""
 
     layer_cls = LocalAttention
@@ -76,7 +91,7 @@ class TestLocalAttentionBandKernelExtents(AttentionLayerConformance):
 
 
 @torch_only
-class TestSparseStridedBandKernel(AttentionLayerConformance):
+class TestSparseStridedBandKernel(BandKernelLimits, AttentionLayerConformance):
     """Strided multihead: both parts on the kernel when the length is a
     multiple of the stride and nothing is padded, else the window part only
     (lengths 16 and 2048 take the first way, 37 and padded calls the second)."""
@@ -89,13 +104,60 @@ class TestSparseStridedBandKernel(AttentionLayerConformance):
 
 
 @torch_only
-class TestSparseStridedFirstBandKernel(AttentionLayerConformance):
+class TestSparseStridedFirstBandKernel(BandKernelLimits, AttentionLayerConformance):
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided", "block_length": 8,
                    "combination": "first"}
     implementation = "band_kernel"
     reference_lengths = (16, 37, 64)
     supports_mixed_precision = False
+
+
+@torch_only
+class TestSparseFixedBandKernel(BandKernelLimits, AttentionLayerConformance):
+    """Fixed multihead: both parts on the torch kernels (own blocks on the
+    band kernel, summaries on the flash kernel) with no padding (causal: any
+    length, padded to a multiple of the block inside; bidirectional:
+    multiples), the fused layouts otherwise (see the next test)."""
+
+    layer_cls = SparseAttention
+    init_kwargs = {"num_heads": 4, "key_dim": 8, "pattern": "fixed", "block_length": 8,
+                   "summary_width": 2}
+    implementation = "band_kernel"
+    reference_lengths = (16, 37, 2048)
+    supports_mixed_precision = False
+
+
+@torch_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_fixed_band_kernel_runs_the_kernels_where_it_can(causal, monkeypatch):
+    """Which calls reach ``kernels/torch/fixed.py``: unpadded ones whose
+    length is a multiple of the block, and causal ones of any length;
+    the results equal the reference layer's either way."""
+    from keras_longattn.kernels.torch import fixed
+
+    calls = []
+    real = fixed.fixed_attention
+    monkeypatch.setattr(fixed, "fixed_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 24, 16)).astype("float32")
+    mask = np.ones((2, 24), bool)
+    mask[1, 20:] = False
+    kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "fixed", "block_length": 8,
+              "summary_width": 2}
+    layer = SparseAttention(**kwargs)
+    reference = SparseAttention(implementation="reference", **kwargs)
+    layer(x, x)
+    reference(x, x)
+    reference.set_weights(layer.get_weights())
+    for xs, m, reaches in ((x, None, True), (x[:, :21], None, causal), (x, mask, False)):
+        calls.clear()
+        out = layer(xs, xs, value_mask=m, use_causal_mask=causal)
+        ref = reference(xs, xs, value_mask=m, use_causal_mask=causal)
+        assert layer.last_implementation == "band_kernel"
+        assert bool(calls) == reaches, (xs.shape, m is None, calls)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(out),
+                                   keras.ops.convert_to_numpy(ref), rtol=1e-4, atol=1e-5)
 
 
 def _dense(q, k, v, look_back, look_ahead, key_mask, scale):
@@ -197,6 +259,61 @@ def test_strided_kernel_equals_dense_reference(causal, window_heads, path):
     ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
     for g, r in zip(grads, ref_grads):
         np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block_heads", [0, 1, 2, 3])
+def test_fixed_kernel_equals_dense_reference(causal, block_heads, path):
+    """Head by head: the own block of ``l`` for the first heads, the last
+    ``c`` cells of every block for the others (causal: the first ``l - c``
+    queries of those heads see no key and get zeros); inputs are head
+    slices (strided views); three query groups of unequal size."""
+    import torch
+
+    from keras_longattn.kernels.torch import fixed
+
+    B, T, H, d, l, c = 2, 42, 3, 8, 6, 2
+    gen = torch.Generator().manual_seed(10 + block_heads)
+    wide = [torch.randn(B, T, 2 * H, d, generator=gen) for _ in range(3)]
+    q, k, v = (w[:, :, 1::2].requires_grad_(True) for w in wide)
+    out = fixed.fixed_attention(q, k, v, l, c, causal, block_heads, 0.4)
+    pos = torch.arange(T)
+    later = pos[None, :] > pos[:, None]  # key after query
+    own = (pos[None, :] // l == pos[:, None] // l)
+    summary = (pos[None, :] % l >= l - c).expand(T, T)
+    if causal:
+        own, summary = own & ~later, summary & ~later
+    refs = []
+    for h in range(H):
+        allowed = own if h < block_heads else summary
+        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * 0.4
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # rows that see no key
+        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
+    ref = torch.stack(refs, dim=2)
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    if causal and block_heads < H:
+        assert not out[:, : l - c, block_heads:].any()  # zeros, not a mean of values
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@torch_only
+def test_fixed_kernel_rejects_bad_lengths_with_the_value():
+    import torch
+
+    from keras_longattn.kernels.torch import fixed
+
+    q = torch.randn(1, 10, 2, 4)
+    with pytest.raises(ValueError, match="block_length=3"):
+        fixed.fixed_attention(q, q, q, 3, 1, True, 1, 0.5)
+    with pytest.raises(ValueError, match="summary_width=5"):
+        fixed.fixed_attention(q, q, q, 5, 5, True, 1, 0.5)
 
 
 @torch_only
@@ -342,7 +459,7 @@ def test_extra_keys_equal_one_softmax(case, path):
 
 
 @torch_only
-class TestLongformerBandKernel(AttentionLayerConformance):
+class TestLongformerBandKernel(BandKernelLimits, AttentionLayerConformance):
     """Longformer on the band kernel: two global tokens (padded away in
     example 1 of the padding checks), an even window that is not a
     multiple of the blocks."""

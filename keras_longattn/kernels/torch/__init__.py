@@ -146,5 +146,12 @@ class TorchOps(BackendOps):
 
         return strided.strided_attention_eager(q, k, v, stride, causal, window_heads, scale)
 
+    def fixed_attention(self, q, k, v, block_length, summary_width, causal, block_heads,
+                        scale):
+        from keras_longattn.kernels.torch import fixed
+
+        return fixed.fixed_attention_eager(q, k, v, block_length, summary_width, causal,
+                                           block_heads, scale)
+
 
 OPS = TorchOps()
