@@ -65,10 +65,12 @@ class SparseAttention(BaseAttention):
         ``scaled_dot_product_attention``; preferred by ``"auto"`` on the
         torch backend, ``"blocked"`` elsewhere; not for ``"merged"`` or
         attention dropout in training). ``"band_kernel"``: ``"blocked_fused"``
-        with the strided pattern's window part on the backend's band kernel
-        (PyTorch on the CPU, float32, equal lengths, ``value_dim ==
-        key_dim``; preferred by ``"auto"`` there; strided, not
-        ``"merged"`` or ``"second"``). ``"pallas"`` (JAX only): every part
+        with the backend's kernels (PyTorch on the CPU, float32, equal
+        lengths, ``value_dim == key_dim``; preferred by ``"auto"`` there;
+        not ``"merged"``, nor ``"second"`` with the strided pattern): the
+        strided window part on the band kernel, and with no padded key
+        both parts of either pattern in one autograd function (fixed:
+        lengths that are a multiple of ``l``, any length when causal). ``"pallas"`` (JAX only): every part
         in one block-sparse flash-attention Pallas kernel, tokens reordered
         so that a stride's column or the summary keys are contiguous (preferred
         by ``"auto"`` on GPU/TPU, interpreted on the CPU; no attention
@@ -136,7 +138,7 @@ class SparseAttention(BaseAttention):
     >>> x = np.random.rand(1, 10, 16).astype("float32")
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (1, 10, 16)
-    >>> layer.last_implementation in ("blocked", "blocked_fused")  # torch: fused (10 % 4 != 0)
+    >>> layer.last_implementation in ("blocked", "band_kernel")  # torch (CPU): band_kernel
     True
 
     Reference:

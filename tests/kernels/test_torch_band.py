@@ -48,6 +48,10 @@ def test_native_kernel_builds():
         warnings.simplefilter("error")
         assert native.band_ops() is not None
         assert band._Plan(64, 16, 7, 0, 16).native is not None
+        # On a CPU with AVX-512F the build (-march=native) has the vector form.
+        with open("/proc/cpuinfo") as f:
+            avx512 = " avx512f" in f.read()
+        assert native.band_ops().vector_path() == int(avx512)
     with native.use_native(False):
         assert native.band_ops() is None
         assert band._Plan(64, 16, 7, 0, 16).native is None
@@ -195,7 +199,11 @@ CASES = [
 @torch_only
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("small_calls", [False, True])
-def test_kernel_equals_dense_reference(case, small_calls, path, monkeypatch):
+@pytest.mark.parametrize("d", [8, 16, 48])
+def test_kernel_equals_dense_reference(case, small_calls, d, path, monkeypatch):
+    """Head sizes 16 and 48 in tiles of 32 take the compiled kernel's
+    AVX-512 form where it is built (two register blocks), 8 and tiles of 5
+    its BLAS form."""
     import torch
 
     from keras_longattn.kernels.torch import band
@@ -206,8 +214,8 @@ def test_kernel_equals_dense_reference(case, small_calls, path, monkeypatch):
         monkeypatch.setattr(band, "MAX_BAND_ELEMENTS", 1 << 11)
         monkeypatch.setattr(band, "NATIVE_TILE", 5)
     B, T, look_back, look_ahead, block_size, padded = case
-    H, d = 2, 8
-    gen = torch.Generator().manual_seed(T + look_back)
+    H = 2
+    gen = torch.Generator().manual_seed(T + look_back + d)
     q, k, v = (torch.randn(B, T, H, d, generator=gen, requires_grad=True) for _ in range(3))
     key_mask = None
     if padded:
@@ -229,15 +237,16 @@ def test_kernel_equals_dense_reference(case, small_calls, path, monkeypatch):
 @torch_only
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window_heads", [0, 1, 2, 3])
-def test_strided_kernel_equals_dense_reference(causal, window_heads, path):
+@pytest.mark.parametrize("d", [8, 32])
+def test_strided_kernel_equals_dense_reference(causal, window_heads, d, path):
     """Head by head: a window of ``l`` keys for the first heads, every
     ``l``-th key for the others; inputs are head slices (strided views)."""
     import torch
 
     from keras_longattn.kernels.torch import strided
 
-    B, T, H, d, l = 2, 48, 3, 8, 6
-    gen = torch.Generator().manual_seed(window_heads)
+    B, T, H, l = 2, 48, 3, 6
+    gen = torch.Generator().manual_seed(window_heads + d)
     wide = [torch.randn(B, T, 2 * H, d, generator=gen) for _ in range(3)]
     q, k, v = (w[:, :, ::2].requires_grad_(True) for w in wide)
     out = strided.strided_attention(q, k, v, l, causal, window_heads, 0.4)
@@ -264,7 +273,8 @@ def test_strided_kernel_equals_dense_reference(causal, window_heads, path):
 @torch_only
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("block_heads", [0, 1, 2, 3])
-def test_fixed_kernel_equals_dense_reference(causal, block_heads, path):
+@pytest.mark.parametrize("d", [8, 32])
+def test_fixed_kernel_equals_dense_reference(causal, block_heads, d, path):
     """Head by head: the own block of ``l`` for the first heads, the last
     ``c`` cells of every block for the others (causal: the first ``l - c``
     queries of those heads see no key and get zeros); inputs are head
@@ -273,8 +283,8 @@ def test_fixed_kernel_equals_dense_reference(causal, block_heads, path):
 
     from keras_longattn.kernels.torch import fixed
 
-    B, T, H, d, l, c = 2, 42, 3, 8, 6, 2
-    gen = torch.Generator().manual_seed(10 + block_heads)
+    B, T, H, l, c = 2, 42, 3, 6, 2
+    gen = torch.Generator().manual_seed(10 + block_heads + d)
     wide = [torch.randn(B, T, 2 * H, d, generator=gen) for _ in range(3)]
     q, k, v = (w[:, :, 1::2].requires_grad_(True) for w in wide)
     out = fixed.fixed_attention(q, k, v, l, c, causal, block_heads, 0.4)

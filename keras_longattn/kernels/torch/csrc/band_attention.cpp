@@ -16,6 +16,14 @@
 // rows: one thread owns every tile of a (sequence, head) pair, so nothing
 // races, and no band-shaped gradient buffer is made or folded.
 //
+// Where the compiler targets AVX-512 (the build uses -march=native), tiles of
+// 32 queries with a head size that is a multiple of 16, at most 64, take a
+// second form: the tile's scores are kept transposed (keys x queries), so a
+// query's softmax is one vector lane and every product is a register-blocked
+// broadcast-FMA loop over the caller's rows, with no BLAS call and no
+// packing of keys or values (see "AVX-512 path" below). Same results to
+// float rounding; other tiles, head sizes and CPUs use the BLAS form.
+//
 // Tensors are (N, T, H, d) of any strides with the last one 1 (views of the
 // caller's tensors: heads of a slice, the columns of a strided pattern).
 // A query that sees no key gets a zero output and a log-sum-exp of
@@ -27,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -38,6 +47,14 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 namespace {
 
 constexpr float kDeadLse = -1e30f;
+
+// Row stride of a tile's score buffers: the row length rounded up to 16
+// floats (64 bytes), so that every row starts on a cache line.
+inline int64_t padded(int64_t L) { return (L + 15) & ~int64_t(15); }
+// The first 64-byte boundary in a buffer allocated 16 floats longer.
+inline float* aligned(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
 
 // Row-major C (M x N, leading dimension ldc) = alpha op(A) op(B) + beta C,
 // op(A) M x K, op(B) K x N; through column-major BLAS as C^T = op(B)^T op(A)^T.
@@ -93,10 +110,11 @@ struct Band {
 // through a score of -1e30); dead rows are all 0 (and get DEAD_LSE in the
 // forward pass).
 void probabilities(const Band& band, int64_t n, int64_t t0, int64_t rows, int64_t lo, int64_t hi,
-                   float* S, int64_t L, const float* lse_in, int64_t lse_stride, float* lse_out) {
+                   float* S, int64_t L, int64_t ld, const float* lse_in, int64_t lse_stride,
+                   float* lse_out) {
   const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
-    float* s = S + i * L;
+    float* s = S + i * ld;
     int64_t a, b;
     band.row(t0 + i, lo, hi, &a, &b);
     std::fill(s, s + a, 0.f);
@@ -139,6 +157,233 @@ void probabilities(const Band& band, int64_t n, int64_t t0, int64_t rows, int64_
   }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+inline __m512 exp512(__m512 x) { return _ZGVeN16v_expf(x); }
+// ---------------------------------------------------------------------------
+// AVX-512 path (tiles of 32 queries, head size a multiple of 16, at most 64).
+// A tile is computed transposed: S^T (keys x 32 queries), so the softmax of
+// a query is a column, i.e. one lane of two vectors, and every product is a
+// broadcast-FMA register-blocked loop with no packing of the keys:
+//   S^T = K Q^T, O = P V (through P^T), and in the backward pass dV += P^T dO,
+//   dP^T = V dO^T, dQ = dS K, dK += dS^T Q.
+constexpr int kTile = 32;
+
+// C[r][0:16 NV] (=, +=) alpha * sum_k A[r * rs + k * ks] * B[k * ldb + 0:16 NV]
+template <int R, int NV>
+inline void micro(int64_t K, const float* A, int64_t rs, int64_t ks, const float* B,
+                  int64_t ldb, float* C, int64_t ldc, float alpha, bool accumulate) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(B + k * ldb + 16 * v);
+    const float* a = A + k * ks;
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * rs]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* c = C + r * ldc + 16 * v;
+      __m512 x = _mm512_mul_ps(acc[r][v], s);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_loadu_ps(c));
+      _mm512_storeu_ps(c, x);
+    }
+}
+
+// All `rows` rows of C, in blocks of R (and a remainder block).
+template <int R, int NV>
+void rows_of(int64_t rows, int64_t K, const float* A, int64_t rs, int64_t ks, const float* B,
+             int64_t ldb, float* C, int64_t ldc, float alpha, bool accumulate) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R)
+    micro<R, NV>(K, A + r * rs, rs, ks, B, ldb, C + r * ldc, ldc, alpha, accumulate);
+  const int64_t rest = rows - r;
+  if (rest <= 0) return;
+  A += r * rs;
+  C += r * ldc;
+  if constexpr (R > 1) {
+    switch (rest) {
+#define KLA_CASE(n) case n: if constexpr (n < R) micro<n, NV>(K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate); break;
+      KLA_CASE(1) KLA_CASE(2) KLA_CASE(3) KLA_CASE(4) KLA_CASE(5) KLA_CASE(6)
+      KLA_CASE(7) KLA_CASE(8) KLA_CASE(9) KLA_CASE(10) KLA_CASE(11)
+#undef KLA_CASE
+      default: break;
+    }
+  }
+}
+
+// C (rows x 16 NV, ldc) = alpha * A-rows x B with the right register block.
+template <int NV>
+void product(int64_t rows, int64_t K, const float* A, int64_t rs, int64_t ks, const float* B,
+             int64_t ldb, float* C, int64_t ldc, float alpha, bool accumulate) {
+  if constexpr (NV <= 2)
+    rows_of<12, NV>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate);
+  else if constexpr (NV == 3)
+    rows_of<7, NV>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate);
+  else
+    rows_of<6, NV>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate);
+}
+
+void product_d(int64_t d, int64_t rows, int64_t K, const float* A, int64_t rs, int64_t ks,
+               const float* B, int64_t ldb, float* C, int64_t ldc, float alpha, bool accumulate) {
+  switch (d / 16) {
+    case 1: product<1>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate); break;
+    case 2: product<2>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate); break;
+    case 3: product<3>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate); break;
+    default: product<4>(rows, K, A, rs, ks, B, ldb, C, ldc, alpha, accumulate); break;
+  }
+}
+
+inline bool fast_path(const Band& band) {
+  return band.tile == kTile && band.d % 16 == 0 && band.d <= 64;
+}
+
+// X^T of `rows` rows of x (row stride st, d columns) into (d x 32), scaled;
+// rows past `rows` are zero.
+inline void pack_transposed(const float* x, int64_t st, int64_t rows, int64_t d, float scale,
+                            float* out) {
+  for (int64_t c = 0; c < d; ++c) {
+    float* o = out + c * kTile;
+    for (int64_t i = 0; i < rows; ++i) o[i] = x[i * st + c] * scale;
+    for (int64_t i = rows; i < kTile; ++i) o[i] = 0.f;
+  }
+}
+
+// Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to lo).
+struct Lanes {
+  __m512i a[2], b[2];
+};
+inline Lanes lanes(const Band& band, int64_t t0, int64_t rows, int64_t lo, int64_t hi) {
+  alignas(64) int32_t a[kTile], b[kTile];
+  for (int64_t i = 0; i < kTile; ++i) {
+    if (i < rows) {
+      int64_t x, y;
+      band.row(t0 + i, lo, hi, &x, &y);
+      a[i] = static_cast<int32_t>(x);
+      b[i] = static_cast<int32_t>(y);
+    } else {
+      a[i] = 1;
+      b[i] = 0;  // padding lanes see nothing
+    }
+  }
+  Lanes l;
+  for (int v = 0; v < 2; ++v) {
+    l.a[v] = _mm512_load_si512(a + 16 * v);
+    l.b[v] = _mm512_load_si512(b + 16 * v);
+  }
+  return l;
+}
+inline __mmask16 visible(const Lanes& l, int v, int64_t j, const bool* valid) {
+  if (valid && !valid[j]) return 0;
+  const __m512i jj = _mm512_set1_epi32(static_cast<int32_t>(j));
+  return _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(l.a[v], jj), l.b[v], jj);
+}
+
+void tile_forward(const Band& band, const View& Q, const View& K, const View& V, const View& O,
+                  int64_t n, int64_t h, int64_t t0, int64_t rows, int64_t lo, int64_t hi,
+                  float* lse_out, int64_t lse_stride, float* qt, float* st, float* acc) {
+  const int64_t L = hi - lo, d = band.d;
+  pack_transposed(Q.at(n, t0, h), Q.st, rows, d, band.scale, qt);
+  // S^T = K Qt: (L x 32)
+  product<2>(L, d, K.at(n, lo, h), K.st, 1, qt, kTile, st, kTile, 1.f, false);
+  const Lanes l = lanes(band, t0, rows, lo, hi);
+  const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
+  const __m512 neg = _mm512_set1_ps(-1e30f);
+  __m512 m[2] = {neg, neg}, sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t j = 0; j < L; ++j)
+    for (int v = 0; v < 2; ++v) {
+      const __mmask16 k = visible(l, v, j, valid);
+      m[v] = _mm512_mask_max_ps(m[v], k, m[v], _mm512_loadu_ps(st + j * kTile + 16 * v));
+    }
+  for (int64_t j = 0; j < L; ++j)
+    for (int v = 0; v < 2; ++v) {
+      float* s = st + j * kTile + 16 * v;
+      const __mmask16 k = visible(l, v, j, valid);
+      const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_loadu_ps(s), m[v])));
+      _mm512_storeu_ps(s, e);
+      sum[v] = _mm512_add_ps(sum[v], e);
+    }
+  alignas(64) float mx[kTile], sm[kTile];
+  for (int v = 0; v < 2; ++v) {
+    _mm512_store_ps(mx + 16 * v, m[v]);
+    _mm512_store_ps(sm + 16 * v, sum[v]);
+  }
+  // O (rows x d) = P V through P^T (rows of st are keys, lanes queries).
+  product_d(d, rows, L, st, 1, kTile, V.at(n, lo, h), V.st, acc, d, 1.f, false);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* o = O.at(n, t0 + i, h);
+    const bool dead = mx[i] < -1e29f;
+    const float inv = dead ? 0.f : 1.f / sm[i];
+    for (int64_t c = 0; c < d; ++c) o[c] = acc[i * d + c] * inv;
+    lse_out[i * lse_stride] = dead ? kDeadLse : mx[i] + logf(sm[i]);
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+// One tile's gradients (see tile_forward): P^T from the saved log-sum-exp,
+// dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dQ = scale dS K,
+// dK += scale dS^T Q.
+void tile_backward(const Band& band, const View& Q, const View& K, const View& V,
+                   const View& O, const View& dO, const View& dQ, const View& dK,
+                   const View& dV, int64_t n, int64_t h, int64_t t0, int64_t rows, int64_t lo,
+                   int64_t hi, const float* lse_in, int64_t lse_stride, float* qt, float* pt,
+                   float* dpt, float* acc) {
+  const int64_t L = hi - lo, d = band.d;
+  pack_transposed(Q.at(n, t0, h), Q.st, rows, d, band.scale, qt);
+  product<2>(L, d, K.at(n, lo, h), K.st, 1, qt, kTile, pt, kTile, 1.f, false);  // S^T
+  const Lanes l = lanes(band, t0, rows, lo, hi);
+  const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
+  alignas(64) float lse[kTile], D[kTile];
+  for (int64_t i = 0; i < kTile; ++i) {
+    // Dead and padding lanes: a log-sum-exp so large that exp() is 0.
+    const float x = i < rows ? lse_in[i * lse_stride] : kDeadLse;
+    lse[i] = x < -1e29f ? 1e30f : x;
+    float acc_d = 0.f;
+    if (i < rows) {
+      const float* o = O.at(n, t0 + i, h);
+      const float* g = dO.at(n, t0 + i, h);
+      for (int64_t c = 0; c < d; ++c) acc_d += o[c] * g[c];
+    }
+    D[i] = acc_d;
+  }
+  __m512 lv[2], dv[2];
+  for (int v = 0; v < 2; ++v) {
+    lv[v] = _mm512_load_ps(lse + 16 * v);
+    dv[v] = _mm512_load_ps(D + 16 * v);
+  }
+  for (int64_t j = 0; j < L; ++j)
+    for (int v = 0; v < 2; ++v) {
+      float* p = pt + j * kTile + 16 * v;
+      const __mmask16 k = visible(l, v, j, valid);
+      _mm512_storeu_ps(p, _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_loadu_ps(p), lv[v]))));
+    }
+  // dV[lo:hi] += P^T dO: rows are keys, the sum runs over the tile's queries.
+  product_d(d, L, rows, pt, kTile, 1, dO.at(n, t0, h), dO.st, dV.at(n, lo, h), dV.st, 1.f, true);
+  // dP^T = V dO^T
+  pack_transposed(dO.at(n, t0, h), dO.st, rows, d, 1.f, qt);
+  product<2>(L, d, V.at(n, lo, h), V.st, 1, qt, kTile, dpt, kTile, 1.f, false);
+  for (int64_t j = 0; j < L; ++j)
+    for (int v = 0; v < 2; ++v) {
+      float* g = dpt + j * kTile + 16 * v;
+      const __m512 p = _mm512_loadu_ps(pt + j * kTile + 16 * v);
+      _mm512_storeu_ps(g, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(g), dv[v])));
+    }
+  // dQ = scale dS K (through dS^T), written; dK[lo:hi] += scale dS^T Q.
+  product_d(d, rows, L, dpt, 1, kTile, K.at(n, lo, h), K.st, acc, d, band.scale, false);
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(dQ.at(n, t0 + i, h), acc + i * d, d * sizeof(float));
+  product_d(d, L, rows, dpt, kTile, 1, Q.at(n, t0, h), Q.st, dK.at(n, lo, h), dK.st, band.scale,
+            true);
+}
+#endif
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.sizes() == k.sizes() && q.sizes() == v.sizes(),
               "band kernel: query, key and value shapes differ: ", q.sizes(), ", ", k.sizes(),
@@ -175,19 +420,33 @@ void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const int64_t tiles = (band.T + tile - 1) / tile;
   const int64_t width = tile + look_back + look_ahead;
   at::parallel_for(0, band.N * band.H * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(tile * std::min<int64_t>(width, band.T));
+    std::vector<float> buffer(tile * padded(std::min<int64_t>(width, band.T)) + 16);
+#if defined(__AVX512F__)
+    const bool fast = fast_path(band);
+    std::vector<float> fbuf(fast ? kTile * (band.d * 2 + std::min<int64_t>(width, band.T)) + 64 : 0);
+#endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / (band.H * tiles), h = (u / tiles) % band.H, x = u % tiles;
       const int64_t t0 = x * tile, t1 = std::min(band.T, t0 + tile), rows = t1 - t0;
       int64_t lo, hi;
       band.keys(t0, t1, &lo, &hi);
-      const int64_t L = hi - lo;
-      float* S = buffer.data();
+#if defined(__AVX512F__)
+      if (fast) {
+        float* qt = aligned(fbuf.data());
+        float* acc = qt + kTile * band.d;
+        float* st = acc + kTile * band.d;
+        tile_forward(band, Q, K, V, O, n, h, t0, rows, lo, hi,
+                     lse_data + n * ln + t0 * lt + h * lh, lt, qt, st, acc);
+        continue;
+      }
+#endif
+      const int64_t L = hi - lo, ld = padded(L);
+      float* S = aligned(buffer.data());
       gemm_rm(false, true, rows, L, band.d, band.scale, Q.at(n, t0, h), Q.st, K.at(n, lo, h),
-              K.st, 0.f, S, L);
-      probabilities(band, n, t0, rows, lo, hi, S, L, nullptr, lt,
+              K.st, 0.f, S, ld);
+      probabilities(band, n, t0, rows, lo, hi, S, L, ld, nullptr, lt,
                     lse_data + n * ln + t0 * lt + h * lh);
-      gemm_rm(false, false, rows, band.d, L, 1.f, S, L, V.at(n, lo, h), V.st, 0.f,
+      gemm_rm(false, false, rows, band.d, L, 1.f, S, ld, V.at(n, lo, h), V.st, 0.f,
               O.at(n, t0, h), O.st);
     }
   });
@@ -211,7 +470,11 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const int64_t width = std::min<int64_t>(tile + look_back + look_ahead, band.T);
   const int64_t d = band.d;
   at::parallel_for(0, band.N * band.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> probs(tile * width), dprobs(tile * width), rowdot(tile);
+    std::vector<float> probs(tile * padded(width) + 16), dprobs(tile * padded(width) + 16);
+#if defined(__AVX512F__)
+    const bool fast = fast_path(band);
+    std::vector<float> fbuf(fast ? kTile * (2 * d + 2 * width) + 64 : 0);
+#endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / band.H, h = u % band.H;
       for (int64_t t = 0; t < band.T; ++t) {
@@ -222,34 +485,45 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
         const int64_t t0 = x * tile, t1 = std::min(band.T, t0 + tile), rows = t1 - t0;
         int64_t lo, hi;
         band.keys(t0, t1, &lo, &hi);
-        const int64_t L = hi - lo;
-        float* P = probs.data();
-        float* dS = dprobs.data();
+#if defined(__AVX512F__)
+        if (fast) {
+          float* qt = aligned(fbuf.data());
+          float* acc = qt + kTile * d;
+          float* pt = acc + kTile * d;
+          float* dpt = pt + kTile * width;
+          tile_backward(band, Q, K, V, O, dO, dQ, dK, dV, n, h, t0, rows, lo, hi,
+                        lse_data + n * ln + t0 * lt + h * lh, lt, qt, pt, dpt, acc);
+          continue;
+        }
+#endif
+        const int64_t L = hi - lo, ld = padded(L);
+        float* P = aligned(probs.data());
+        float* dS = aligned(dprobs.data());
         gemm_rm(false, true, rows, L, d, band.scale, Q.at(n, t0, h), Q.st, K.at(n, lo, h), K.st,
-                0.f, P, L);
-        probabilities(band, n, t0, rows, lo, hi, P, L, lse_data + n * ln + t0 * lt + h * lh, lt,
+                0.f, P, ld);
+        probabilities(band, n, t0, rows, lo, hi, P, L, ld, lse_data + n * ln + t0 * lt + h * lh, lt,
                       nullptr);
         // dV[lo:hi] += P^T dO
-        gemm_rm(true, false, L, d, rows, 1.f, P, L, dO.at(n, t0, h), dO.st, 1.f, dV.at(n, lo, h),
+        gemm_rm(true, false, L, d, rows, 1.f, P, ld, dO.at(n, t0, h), dO.st, 1.f, dV.at(n, lo, h),
                 dV.st);
         // dP = dO V^T
         gemm_rm(false, true, rows, L, d, 1.f, dO.at(n, t0, h), dO.st, V.at(n, lo, h), V.st, 0.f,
-                dS, L);
+                dS, ld);
         for (int64_t i = 0; i < rows; ++i) {
           const float* o = O.at(n, t0 + i, h);
           const float* g = dO.at(n, t0 + i, h);
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
           for (int64_t c = 0; c < d; ++c) acc += o[c] * g[c];
-          float* ds = dS + i * L;
-          const float* p = P + i * L;
+          float* ds = dS + i * ld;
+          const float* p = P + i * ld;
 #pragma omp simd
           for (int64_t j = 0; j < L; ++j) ds[j] = p[j] * (ds[j] - acc);
         }
         // dQ = scale dS K ; dK[lo:hi] += scale dS^T Q
-        gemm_rm(false, false, rows, d, L, band.scale, dS, L, K.at(n, lo, h), K.st, 0.f,
+        gemm_rm(false, false, rows, d, L, band.scale, dS, ld, K.at(n, lo, h), K.st, 0.f,
                 dQ.at(n, t0, h), dQ.st);
-        gemm_rm(true, false, L, d, rows, band.scale, dS, L, Q.at(n, t0, h), Q.st, 1.f,
+        gemm_rm(true, false, L, d, rows, band.scale, dS, ld, Q.at(n, t0, h), Q.st, 1.f,
                 dK.at(n, lo, h), dK.st);
       }
     }
@@ -258,7 +532,18 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
 
 }  // namespace
 
+// 1 where the AVX-512 tiles above are compiled in (-march=native on a CPU
+// with AVX-512F), else 0.
+int64_t vector_path() {
+#if defined(__AVX512F__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 TORCH_LIBRARY(keras_longattn_band, m) {
+  m.def("vector_path() -> int", &vector_path);
   m.def("forward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
         "int look_ahead, int tile, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
   m.def("backward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
