@@ -256,29 +256,107 @@ inline void pack_transposed(const float* x, int64_t st, int64_t rows, int64_t d,
 }
 
 // Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to lo).
+// Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to
+// lo); padding lanes (i >= rows) see nothing. The bounds grow with i, so
+// the 16 lanes of half v together see the key rows [lo[v], hi[v]): only
+// those are computed for them.
 struct Lanes {
   __m512i a[2], b[2];
+  int64_t lo[2], hi[2], count[2];
 };
 inline Lanes lanes(const Band& band, int64_t t0, int64_t rows, int64_t lo, int64_t hi) {
   alignas(64) int32_t a[kTile], b[kTile];
+  Lanes l;
+  for (int v = 0; v < 2; ++v) {
+    l.lo[v] = hi - lo;
+    l.hi[v] = 0;
+    l.count[v] = std::max<int64_t>(0, std::min<int64_t>(16, rows - 16 * v));
+  }
   for (int64_t i = 0; i < kTile; ++i) {
     if (i < rows) {
       int64_t x, y;
       band.row(t0 + i, lo, hi, &x, &y);
       a[i] = static_cast<int32_t>(x);
       b[i] = static_cast<int32_t>(y);
+      if (y > x) {
+        l.lo[i / 16] = std::min(l.lo[i / 16], x);
+        l.hi[i / 16] = std::max(l.hi[i / 16], y);
+      }
     } else {
       a[i] = 1;
       b[i] = 0;  // padding lanes see nothing
     }
   }
-  Lanes l;
   for (int v = 0; v < 2; ++v) {
+    if (l.hi[v] <= l.lo[v]) l.lo[v] = l.hi[v] = 0;  // the half sees nothing
     l.a[v] = _mm512_load_si512(a + 16 * v);
     l.b[v] = _mm512_load_si512(b + 16 * v);
   }
   return l;
 }
+
+// out (key rows x 32 lanes) = X (key rows, row stride xst) Bt (d x 32), the
+// rows of each half only: rows both halves see as two-vector rows, the
+// others one vector.
+void lane_products(const Lanes& l, int64_t d, const float* X, int64_t xst, const float* bt,
+                   float* out) {
+  const int64_t both_lo = std::max(l.lo[0], l.lo[1]), both_hi = std::min(l.hi[0], l.hi[1]);
+  const bool overlap = both_hi > both_lo;
+  if (overlap)
+    product<2>(both_hi - both_lo, d, X + both_lo * xst, xst, 1, bt, kTile, out + both_lo * kTile,
+               kTile, 1.f, false);
+  for (int v = 0; v < 2; ++v) {
+    // The rows only half v sees: below and above the shared ones.
+    int64_t parts[2][2] = {{l.lo[v], l.hi[v]}, {0, 0}};
+    if (overlap) {
+      parts[0][1] = std::min(l.hi[v], both_lo);
+      parts[1][0] = std::max(l.lo[v], both_hi);
+      parts[1][1] = l.hi[v];
+    }
+    for (const auto& part : parts)
+      if (part[1] > part[0])
+        product<1>(part[1] - part[0], d, X + part[0] * xst, xst, 1, bt + 16 * v, kTile,
+                   out + part[0] * kTile + 16 * v, kTile, 1.f, false);
+  }
+}
+
+// C (key rows, ldc) += alpha * P^T-rows x Y (the tile's query rows, stride
+// yst): each key row summed over the lanes that see it (half 0, both, half 1).
+void key_products(const Lanes& l, int64_t d, const float* pt, const float* Y, int64_t yst,
+                  float* C, int64_t ldc, float alpha) {
+  const int64_t both_lo = std::max(l.lo[0], l.lo[1]), both_hi = std::min(l.hi[0], l.hi[1]);
+  const bool overlap = both_hi > both_lo;
+  if (overlap)  // half 0 is full here: lanes 0 .. count[0] + count[1] - 1
+    product_d(d, both_hi - both_lo, l.count[0] + l.count[1], pt + both_lo * kTile, kTile, 1, Y,
+              yst, C + both_lo * ldc, ldc, alpha, true);
+  for (int v = 0; v < 2; ++v) {
+    if (l.count[v] == 0) continue;
+    int64_t parts[2][2] = {{l.lo[v], l.hi[v]}, {0, 0}};
+    if (overlap) {
+      parts[0][1] = std::min(l.hi[v], both_lo);
+      parts[1][0] = std::max(l.lo[v], both_hi);
+      parts[1][1] = l.hi[v];
+    }
+    for (const auto& part : parts)
+      if (part[1] > part[0])
+        product_d(d, part[1] - part[0], l.count[v], pt + part[0] * kTile + 16 * v, kTile, 1,
+                  Y + 16 * v * yst, yst, C + part[0] * ldc, ldc, alpha, true);
+  }
+}
+
+// acc (32 x d) = P Y-rows through P^T: query rows of half v over its key rows.
+void query_products(const Lanes& l, int64_t d, const float* pt, const float* Y, int64_t yst,
+                    float* acc, float alpha) {
+  for (int v = 0; v < 2; ++v)
+    if (l.count[v] > 0) {
+      if (l.hi[v] > l.lo[v])
+        product_d(d, l.count[v], l.hi[v] - l.lo[v], pt + l.lo[v] * kTile + 16 * v, 1, kTile,
+                  Y + l.lo[v] * yst, yst, acc + 16 * v * d, d, alpha, false);
+      else
+        std::fill(acc + 16 * v * d, acc + (16 * v + l.count[v]) * d, 0.f);
+    }
+}
+
 inline __mmask16 visible(const Lanes& l, int v, int64_t j, const bool* valid) {
   if (valid && !valid[j]) return 0;
   const __m512i jj = _mm512_set1_epi32(static_cast<int32_t>(j));
@@ -288,21 +366,21 @@ inline __mmask16 visible(const Lanes& l, int v, int64_t j, const bool* valid) {
 void tile_forward(const Band& band, const View& Q, const View& K, const View& V, const View& O,
                   int64_t n, int64_t h, int64_t t0, int64_t rows, int64_t lo, int64_t hi,
                   float* lse_out, int64_t lse_stride, float* qt, float* st, float* acc) {
-  const int64_t L = hi - lo, d = band.d;
+  const int64_t d = band.d;
   pack_transposed(Q.at(n, t0, h), Q.st, rows, d, band.scale, qt);
-  // S^T = K Qt: (L x 32)
-  product<2>(L, d, K.at(n, lo, h), K.st, 1, qt, kTile, st, kTile, 1.f, false);
   const Lanes l = lanes(band, t0, rows, lo, hi);
+  // S^T = K Qt: (L x 32), the rows each half sees.
+  lane_products(l, d, K.at(n, lo, h), K.st, qt, st);
   const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
   const __m512 neg = _mm512_set1_ps(-1e30f);
   __m512 m[2] = {neg, neg}, sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t j = 0; j < L; ++j)
-    for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < 2; ++v)
+    for (int64_t j = l.lo[v]; j < l.hi[v]; ++j) {
       const __mmask16 k = visible(l, v, j, valid);
       m[v] = _mm512_mask_max_ps(m[v], k, m[v], _mm512_loadu_ps(st + j * kTile + 16 * v));
     }
-  for (int64_t j = 0; j < L; ++j)
-    for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < 2; ++v)
+    for (int64_t j = l.lo[v]; j < l.hi[v]; ++j) {
       float* s = st + j * kTile + 16 * v;
       const __mmask16 k = visible(l, v, j, valid);
       const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_loadu_ps(s), m[v])));
@@ -315,7 +393,7 @@ void tile_forward(const Band& band, const View& Q, const View& K, const View& V,
     _mm512_store_ps(sm + 16 * v, sum[v]);
   }
   // O (rows x d) = P V through P^T (rows of st are keys, lanes queries).
-  product_d(d, rows, L, st, 1, kTile, V.at(n, lo, h), V.st, acc, d, 1.f, false);
+  query_products(l, d, st, V.at(n, lo, h), V.st, acc, 1.f);
   for (int64_t i = 0; i < rows; ++i) {
     float* o = O.at(n, t0 + i, h);
     const bool dead = mx[i] < -1e29f;
@@ -335,10 +413,10 @@ void tile_backward(const Band& band, const View& Q, const View& K, const View& V
                    const View& dV, int64_t n, int64_t h, int64_t t0, int64_t rows, int64_t lo,
                    int64_t hi, const float* lse_in, int64_t lse_stride, float* qt, float* pt,
                    float* dpt, float* acc) {
-  const int64_t L = hi - lo, d = band.d;
+  const int64_t d = band.d;
   pack_transposed(Q.at(n, t0, h), Q.st, rows, d, band.scale, qt);
-  product<2>(L, d, K.at(n, lo, h), K.st, 1, qt, kTile, pt, kTile, 1.f, false);  // S^T
   const Lanes l = lanes(band, t0, rows, lo, hi);
+  lane_products(l, d, K.at(n, lo, h), K.st, qt, pt);  // S^T
   const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
   alignas(64) float lse[kTile], D[kTile];
   for (int64_t i = 0; i < kTile; ++i) {
@@ -358,29 +436,28 @@ void tile_backward(const Band& band, const View& Q, const View& K, const View& V
     lv[v] = _mm512_load_ps(lse + 16 * v);
     dv[v] = _mm512_load_ps(D + 16 * v);
   }
-  for (int64_t j = 0; j < L; ++j)
-    for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < 2; ++v)
+    for (int64_t j = l.lo[v]; j < l.hi[v]; ++j) {
       float* p = pt + j * kTile + 16 * v;
       const __mmask16 k = visible(l, v, j, valid);
       _mm512_storeu_ps(p, _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_loadu_ps(p), lv[v]))));
     }
   // dV[lo:hi] += P^T dO: rows are keys, the sum runs over the tile's queries.
-  product_d(d, L, rows, pt, kTile, 1, dO.at(n, t0, h), dO.st, dV.at(n, lo, h), dV.st, 1.f, true);
+  key_products(l, d, pt, dO.at(n, t0, h), dO.st, dV.at(n, lo, h), dV.st, 1.f);
   // dP^T = V dO^T
   pack_transposed(dO.at(n, t0, h), dO.st, rows, d, 1.f, qt);
-  product<2>(L, d, V.at(n, lo, h), V.st, 1, qt, kTile, dpt, kTile, 1.f, false);
-  for (int64_t j = 0; j < L; ++j)
-    for (int v = 0; v < 2; ++v) {
+  lane_products(l, d, V.at(n, lo, h), V.st, qt, dpt);
+  for (int v = 0; v < 2; ++v)
+    for (int64_t j = l.lo[v]; j < l.hi[v]; ++j) {
       float* g = dpt + j * kTile + 16 * v;
       const __m512 p = _mm512_loadu_ps(pt + j * kTile + 16 * v);
       _mm512_storeu_ps(g, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(g), dv[v])));
     }
   // dQ = scale dS K (through dS^T), written; dK[lo:hi] += scale dS^T Q.
-  product_d(d, rows, L, dpt, 1, kTile, K.at(n, lo, h), K.st, acc, d, band.scale, false);
+  query_products(l, d, dpt, K.at(n, lo, h), K.st, acc, band.scale);
   for (int64_t i = 0; i < rows; ++i)
     std::memcpy(dQ.at(n, t0 + i, h), acc + i * d, d * sizeof(float));
-  product_d(d, L, rows, dpt, kTile, 1, Q.at(n, t0, h), Q.st, dK.at(n, lo, h), dK.st, band.scale,
-            true);
+  key_products(l, d, dpt, Q.at(n, t0, h), Q.st, dK.at(n, lo, h), dK.st, band.scale);
 }
 #endif
 
