@@ -184,6 +184,21 @@ def _dense(q, k, v, look_back, look_ahead, key_mask, scale):
     return out.transpose(1, 2)
 
 
+def _assert_matches_reference(out, ref, inputs, gen):
+    """``out`` equals its float64 reference ``ref``, and so do their
+    gradients with respect to ``inputs`` under one random weighting of the
+    outputs."""
+    import torch
+
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), inputs)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+
+
 CASES = [
     # (B, T, look_back, look_ahead, block_size, padded)
     (1, 64, 15, 0, None, False),
@@ -225,13 +240,7 @@ def test_kernel_equals_dense_reference(case, small_calls, d, path, monkeypatch):
     out = band.band_attention(q, k, v, look_back, look_ahead, block_size=block_size,
                               key_mask=key_mask, scale=scale)
     ref = _dense(q, k, v, look_back, look_ahead, key_mask, scale)
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(),
-                               rtol=1e-5, atol=1e-5)
-    weights = torch.randn(out.shape, generator=gen)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
-    for g, r in zip(grads, ref_grads):
-        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+    _assert_matches_reference(out, ref, (q, k, v), gen)
 
 
 @torch_only
@@ -261,13 +270,7 @@ def test_strided_kernel_equals_dense_reference(causal, window_heads, d, path):
         probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
     ref = torch.stack(refs, dim=2)
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
-                               atol=1e-5)
-    weights = torch.randn(out.shape, generator=gen)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
-    for g, r in zip(grads, ref_grads):
-        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+    _assert_matches_reference(out, ref, (q, k, v), gen)
 
 
 @torch_only
@@ -302,15 +305,9 @@ def test_fixed_kernel_equals_dense_reference(causal, block_heads, d, path):
         probs = torch.nan_to_num(probs, nan=0.0)  # rows that see no key
         refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
     ref = torch.stack(refs, dim=2)
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5,
-                               atol=1e-5)
     if causal and block_heads < H:
         assert not out[:, : l - c, block_heads:].any()  # zeros, not a mean of values
-    weights = torch.randn(out.shape, generator=gen)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * weights.double()).sum(), (q, k, v))
-    for g, r in zip(grads, ref_grads):
-        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-5)
+    _assert_matches_reference(out, ref, (q, k, v), gen)
 
 
 @torch_only

@@ -295,6 +295,21 @@ inline Lanes lanes(const Band& band, int64_t t0, int64_t rows, int64_t lo, int64
   return l;
 }
 
+// The key rows only half v sees, below and above the rows [both_lo, both_hi)
+// both halves see (none shared when both_hi <= both_lo): two intervals
+// [parts[i][0], parts[i][1]), either possibly empty.
+inline void own_rows(const Lanes& l, int v, int64_t both_lo, int64_t both_hi,
+                     int64_t parts[2][2]) {
+  parts[0][0] = l.lo[v];
+  parts[0][1] = l.hi[v];
+  parts[1][0] = parts[1][1] = 0;
+  if (both_hi > both_lo) {
+    parts[0][1] = std::min(l.hi[v], both_lo);
+    parts[1][0] = std::max(l.lo[v], both_hi);
+    parts[1][1] = l.hi[v];
+  }
+}
+
 // out (key rows x 32 lanes) = X (key rows, row stride xst) Bt (d x 32), the
 // rows of each half only: rows both halves see as two-vector rows, the
 // others one vector.
@@ -306,13 +321,8 @@ void lane_products(const Lanes& l, int64_t d, const float* X, int64_t xst, const
     product<2>(both_hi - both_lo, d, X + both_lo * xst, xst, 1, bt, kTile, out + both_lo * kTile,
                kTile, 1.f, false);
   for (int v = 0; v < 2; ++v) {
-    // The rows only half v sees: below and above the shared ones.
-    int64_t parts[2][2] = {{l.lo[v], l.hi[v]}, {0, 0}};
-    if (overlap) {
-      parts[0][1] = std::min(l.hi[v], both_lo);
-      parts[1][0] = std::max(l.lo[v], both_hi);
-      parts[1][1] = l.hi[v];
-    }
+    int64_t parts[2][2];
+    own_rows(l, v, both_lo, both_hi, parts);
     for (const auto& part : parts)
       if (part[1] > part[0])
         product<1>(part[1] - part[0], d, X + part[0] * xst, xst, 1, bt + 16 * v, kTile,
@@ -331,12 +341,8 @@ void key_products(const Lanes& l, int64_t d, const float* pt, const float* Y, in
               yst, C + both_lo * ldc, ldc, alpha, true);
   for (int v = 0; v < 2; ++v) {
     if (l.count[v] == 0) continue;
-    int64_t parts[2][2] = {{l.lo[v], l.hi[v]}, {0, 0}};
-    if (overlap) {
-      parts[0][1] = std::min(l.hi[v], both_lo);
-      parts[1][0] = std::max(l.lo[v], both_hi);
-      parts[1][1] = l.hi[v];
-    }
+    int64_t parts[2][2];
+    own_rows(l, v, both_lo, both_hi, parts);
     for (const auto& part : parts)
       if (part[1] > part[0])
         product_d(d, part[1] - part[0], l.count[v], pt + part[0] * kTile + 16 * v, kTile, 1,
