@@ -686,13 +686,16 @@ def efficiency_section(rows) -> str:
               and isinstance(r.get("useful_gflops_per_s"), (int, float))]
     if not chosen:
         return ""
-    lines = ["| layer | backend | n | mode | useful GFLOP | GFLOP/s | matmul peak GFLOP/s "
-             "| of peak |", "|---|---|---:|---|---:|---:|---:|---:|"]
-    for r in sorted(chosen, key=lambda r: (str(r.get("backend")), str(r.get("mode")),
+    lines = ["| layer | backend | n | causal | scope | mode | useful GFLOP | GFLOP/s "
+             "| matmul peak GFLOP/s | of peak |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
+    for r in sorted(chosen, key=lambda r: (str(r.get("backend")), str(r.get("scope")),
+                                           not r.get("causal", True), str(r.get("mode")),
                                            r.get("seq_len") or 0, str(r.get("layer")))):
         fraction = r.get("peak_fraction")
         lines.append(
             f"| `{r.get('layer')}` | {r.get('backend')} | {r.get('seq_len'):,} | "
+            f"{'yes' if r.get('causal', True) else 'no'} | {r.get('scope', 'layer')} | "
             f"{r.get('mode')} | {_num(r.get('useful_gflop'))} | "
             f"{_num(r.get('useful_gflops_per_s'))} | {_num(r.get('matmul_peak_gflops'))} | "
             + (DASH if not isinstance(fraction, (int, float)) else f"{100 * fraction:.0f}%")

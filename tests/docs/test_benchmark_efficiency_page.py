@@ -42,4 +42,5 @@ def test_efficiency_section_only_with_throughput(gen):
     text = gen.efficiency_section(rows)
     assert "Useful-FLOP throughput" in text and "40%" in text
     assert text.count("| `local` |") == 1
+    assert "| `local` | torch | 16,384 | yes | attention | fwdbwd |" in text
     assert gen.efficiency_section([_row(4096, 1)]) == ""
