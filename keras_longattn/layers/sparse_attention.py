@@ -295,23 +295,21 @@ class SparseAttention(BaseAttention):
         heads_a = {"multihead": la_sparse.multihead_split(heads), "first": heads,
                    "second": 0}[self.combination]
         unpadded = context.padding.key_mask is None and isinstance(T, int)
-        if self.pattern == "fixed" and unpadded and context.causal and T % l:
-            # Causal: keys appended after the last query are seen by no
-            # real query, so the kernels run on the length padded to a
-            # multiple of l and the extra rows are dropped.
+        if self.pattern == "fixed" and unpadded and (context.causal or T % l == 0):
+            # Both parts in one kernel call each. Causal calls of another
+            # length run padded to a multiple of l: keys appended after the
+            # last query are seen by no real query; the extra rows are dropped.
             N = -(-T // l) * l
+            if N != T:
+                query, key, value = (la_ops.blocked.pad_axis(t, 1, N)
+                                     for t in (query, key, value))
             out = la_backend_ops().fixed_attention(
-                *(la_ops.blocked.pad_axis(t, 1, N) for t in (query, key, value)),
-                l, self.resolve_summary_width(l), True, heads_a, self._inverse_sqrt_key_dim,
+                query, key, value, l, self.resolve_summary_width(l), context.causal,
+                heads_a, self._inverse_sqrt_key_dim,
             )
-            return out[:, :T]
+            return out[:, :T] if N != T else out
         if unpadded and T % l == 0:
             # Both parts in one kernel call each, on views of the inputs.
-            if self.pattern == "fixed":
-                return la_backend_ops().fixed_attention(
-                    query, key, value, l, self.resolve_summary_width(l), context.causal,
-                    heads_a, self._inverse_sqrt_key_dim,
-                )
             return la_backend_ops().strided_attention(
                 query, key, value, l, context.causal, heads_a,
                 self._inverse_sqrt_key_dim,

@@ -184,6 +184,21 @@ def _dense(q, k, v, look_back, look_ahead, key_mask, scale):
     return out.transpose(1, 2)
 
 
+def _dense_per_head(q, k, v, allowed, scale):
+    """Dense float64 attention of ``(B, T, H, d)`` heads, head ``h`` under
+    its own boolean ``(T, S)`` pattern ``allowed[h]``; a query that sees no
+    key gets zeros."""
+    import torch
+
+    refs = []
+    for h, pattern in enumerate(allowed):
+        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * scale
+        probs = torch.softmax(scores.masked_fill(~pattern, float("-inf")), dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # rows that see no key
+        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
+    return torch.stack(refs, dim=2)
+
+
 def _assert_matches_reference(out, ref, inputs, gen):
     """``out`` equals its float64 reference ``ref``, and so do their
     gradients with respect to ``inputs`` under one random weighting of the
@@ -263,13 +278,8 @@ def test_strided_kernel_equals_dense_reference(causal, window_heads, d, path):
     rel = pos[None, :] - pos[:, None]
     window = (rel > -l) & ((rel <= 0) if causal else (rel < l))
     column = (rel % l == 0) & ((rel <= 0) if causal else torch.ones_like(window))
-    refs = []
-    for h in range(H):
-        allowed = window if h < window_heads else column
-        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * 0.4
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
-    ref = torch.stack(refs, dim=2)
+    ref = _dense_per_head(q, k, v, [window if h < window_heads else column for h in range(H)],
+                          0.4)
     _assert_matches_reference(out, ref, (q, k, v), gen)
 
 
@@ -297,14 +307,7 @@ def test_fixed_kernel_equals_dense_reference(causal, block_heads, d, path):
     summary = (pos[None, :] % l >= l - c).expand(T, T)
     if causal:
         own, summary = own & ~later, summary & ~later
-    refs = []
-    for h in range(H):
-        allowed = own if h < block_heads else summary
-        scores = torch.einsum("btd,bsd->bts", q[:, :, h].double(), k[:, :, h].double()) * 0.4
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        probs = torch.nan_to_num(probs, nan=0.0)  # rows that see no key
-        refs.append(torch.einsum("bts,bsd->btd", probs, v[:, :, h].double()))
-    ref = torch.stack(refs, dim=2)
+    ref = _dense_per_head(q, k, v, [own if h < block_heads else summary for h in range(H)], 0.4)
     if causal and block_heads < H:
         assert not out[:, : l - c, block_heads:].any()  # zeros, not a mean of values
     _assert_matches_reference(out, ref, (q, k, v), gen)
