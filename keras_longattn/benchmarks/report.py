@@ -66,6 +66,7 @@ CSV_COLUMNS = (
     "first_call_ms",
     "repeats",
     "times_ms",
+    "page_faults",
     "peak_memory_mib",
     "memory_method",
     "baseline",
@@ -79,6 +80,7 @@ CSV_COLUMNS = (
     "layer_spec",
     "num_params",
     "options",
+    "allocator",
     "wall_s",
     "message",
     "useful_gflop",
@@ -331,7 +333,9 @@ def _csv_value(row: Mapping[str, Any], column: str) -> Any:
         return ""
     if column == "times_ms":
         return ";".join(f"{t:.4f}" for t in value)
-    if column in ("options", "layer_spec"):
+    if column == "page_faults":
+        return ";".join(str(int(t)) for t in value)
+    if column in ("options", "layer_spec", "allocator"):
         return json.dumps(value, sort_keys=True, default=repr)
     if isinstance(value, float):
         return f"{value:.6g}"

@@ -54,6 +54,13 @@ Peak memory (the same method for every layer, so ratios are meaningful):
   bytes in use at the baseline (``"device"``); the host figures are still
   recorded as ``host_peak_increase_bytes``.
 
+Each timed call also records the process's minor page faults during it
+(``page_faults``, one count per call, as ``times_ms``): on the CPU a call
+that finds its memory returned to the system by the allocator pays for
+faulting it in again, the main source of the spread of fast calls here.
+The allocator's settings in the environment (glibc's ``MALLOC_*`` tunables,
+``GLIBC_TUNABLES``, ``LD_PRELOAD``) are recorded as ``allocator``.
+
 Only this module imports a backend, and only inside the backend-specific
 functions.
 """
@@ -131,6 +138,14 @@ def _ru_maxrss_bytes() -> int:
     """``ru_maxrss`` of this process in bytes (KiB on Linux, bytes on macOS)."""
     value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(value) if sys.platform == "darwin" else int(value) * 1024
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far: memory the allocator gave
+    back to the system and takes again is faulted in page by page, which
+    can add milliseconds to a fast call (recorded per timed call as
+    ``page_faults``)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def _reset_peak_rss() -> bool:
@@ -599,16 +614,19 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
             device_memory.after_warmup()
 
         stage = "timed calls"
-        times = []
+        times, faults = [], []
         gc.collect()
         gc.disable()
         try:
             for _ in range(int(config["repeats"])):
+                before = _minor_faults()
                 start = time.perf_counter()
                 step()
                 times.append((time.perf_counter() - start) * 1e3)
+                faults.append(_minor_faults() - before)
         finally:
             gc.enable()
+        result["page_faults"] = faults
 
         result["host_peak_rss_bytes"] = host.peak()
         result["host_peak_increase_bytes"] = host.increase()
@@ -635,7 +653,22 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - everything becomes a status
         record_failure(result, stage, exc)
     result["python"] = platform.python_version()
+    allocator = allocator_settings()
+    if allocator:
+        result["allocator"] = allocator
     return result
+
+
+def allocator_settings() -> dict[str, str]:
+    """The environment that changes how this process's ``malloc`` returns
+    memory to the system (glibc's ``MALLOC_*`` tunables, a preloaded
+    jemalloc or tcmalloc): recorded with each row, since it decides how
+    many page faults a fast CPU call pays for."""
+    names = [k for k in os.environ if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES",)]
+    settings = {k: os.environ[k] for k in sorted(names)}
+    if os.environ.get("LD_PRELOAD"):
+        settings["LD_PRELOAD"] = os.environ["LD_PRELOAD"]
+    return settings
 
 
 def _load_config(argument: str) -> dict[str, Any]:

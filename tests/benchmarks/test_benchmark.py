@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import keras
@@ -341,6 +342,45 @@ def test_timeout_kills_worker():
     assert "0.2 s" in rows[0]["message"] and "stderr_tail" in rows[0]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux page-fault counts")
+def test_page_fault_count_sees_fresh_memory():
+    """Touching 64 MiB of new memory (mmap-backed, never touched before)
+    faults in thousands of pages; re-touching it faults none."""
+    import mmap
+
+    buf = mmap.mmap(-1, 64 << 20)
+    before = worker._minor_faults()
+    for offset in range(0, len(buf), 4096):
+        buf[offset] = 1
+    first = worker._minor_faults() - before
+    before = worker._minor_faults()
+    for offset in range(0, len(buf), 4096):
+        buf[offset] = 2
+    again = worker._minor_faults() - before
+    buf.close()
+    assert first >= 4096, first
+    assert again < 256, again
+
+
+def test_worker_records_the_allocator_settings(monkeypatch):
+    """glibc's malloc tunables and a preloaded allocator are part of a row;
+    other variables are not."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("MALLOC_") or name in ("GLIBC_TUNABLES", "LD_PRELOAD"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4294967295")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
+    monkeypatch.setenv("NOT_AN_ALLOCATOR", "1")
+    settings = worker.allocator_settings()
+    assert settings == {"MALLOC_TRIM_THRESHOLD_": "4294967295",
+                        "LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.delenv("LD_PRELOAD")
+    assert "MALLOC_TRIM_THRESHOLD_" not in worker.allocator_settings()
+
+
 def test_worker_forward_in_process():
     """The forward step of the current backend, measured in this process."""
     layers, _ = _layers_and_baseline()
@@ -349,6 +389,9 @@ def test_worker_forward_in_process():
                                 "repeats": 2, "options": {"window": 8}})
     assert result["status"] == "ok", result.get("traceback")
     assert len(result["times_ms"]) == 2 and result["median_ms"] > 0
+    # One fault count per timed call.
+    assert len(result["page_faults"]) == 2
+    assert all(isinstance(f, int) and f >= 0 for f in result["page_faults"])
     assert result["first_call_ms"] > 0 and result["peak_memory_bytes"] >= 0
     assert result["memory_method"] in ("rss-hwm", "ru_maxrss", "device")
     assert result["num_params"] > 0 and result["device"]

@@ -2,8 +2,9 @@
 dense reference: values and gradients, causal and bidirectional, padding,
 lengths that are not multiples of the block, several kernel calls per
 sequence. The function-level tests run both ways of computing it: the
-compiled C++ kernel (``kernels/torch/csrc``, ``path="native"``) and the CPU
-flash-kernel calls (``path="flash"``). On the other backends: the
+compiled C++ kernel (``kernels/torch/csrc``, ``path="native"``, and with its
+rows always copied to a contiguous buffer first, ``path="packed"``) and the
+CPU flash-kernel calls (``path="flash"``). On the other backends: the
 ``"band_kernel"`` path refuses."""
 
 import shutil
@@ -21,15 +22,19 @@ ON_TORCH = keras.backend.backend() == "torch"
 torch_only = pytest.mark.skipif(not ON_TORCH, reason="PyTorch kernel")
 
 
-@pytest.fixture(params=["native", "flash"])
-def path(request):
-    """Runs the test with the compiled kernel, then with the flash calls."""
-    from keras_longattn.kernels.torch import native
+@pytest.fixture(params=["native", "packed", "flash"])
+def path(request, monkeypatch):
+    """Runs the test with the compiled kernel (as it decides whether to copy
+    a sequence's rows into a contiguous buffer first, then always copying
+    them), then with the flash calls."""
+    from keras_longattn.kernels.torch import band, native
 
-    if request.param == "native" and native.band_ops() is None:
+    if request.param != "flash" and native.band_ops() is None:
         pytest.skip("the compiled band kernel does not build here "
                     "(test_native_kernel_builds says why)")
-    with native.use_native(request.param == "native"):
+    if request.param == "packed":
+        monkeypatch.setattr(band, "NATIVE_PACK", 1)
+    with native.use_native(request.param != "flash"):
         yield request.param
 
 

@@ -144,7 +144,7 @@ class _Fixed(torch.autograd.Function):
             if kernel is not None:
                 lse_a = torch.empty((B * plan.m, l, h), dtype=torch.float32)
                 kernel.forward(qa, ka, va, None, l - 1, 0 if plan.causal else l - 1,
-                               band.NATIVE_TILE, scale, oa, lse_a)
+                               band.NATIVE_TILE, scale, oa, lse_a, band.NATIVE_PACK)
             else:
                 o, lse_a = _flash(*(_heads_first(t) for t in (qa, ka, va)), 0.0, plan.causal,
                                   scale=scale)
@@ -186,7 +186,8 @@ class _Fixed(torch.autograd.Function):
                 for t in (query, key, value, out, grad_out, dq, dk, dv))
             if kernel is not None:
                 kernel.backward(qa, ka, va, None, l - 1, 0 if plan.causal else l - 1,
-                                band.NATIVE_TILE, scale, oa, lse_a, ga, dqa, dka, dva)
+                                band.NATIVE_TILE, scale, oa, lse_a, ga, dqa, dka, dva,
+                                band.NATIVE_PACK)
             else:
                 gq, gk, gv = _flash_backward(*(_heads_first(t) for t in (ga, qa, ka, va, oa)),
                                              lse_a, 0.0, plan.causal, scale=scale)

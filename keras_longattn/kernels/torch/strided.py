@@ -98,7 +98,7 @@ class _Strided(torch.autograd.Function):
             for e in range(B):
                 q, k, v, o = (_column_rows(t[e, :, h:], stride) for t in (query, key, value, out))
                 kernel.forward(q, k, v, None, m - 1, 0 if causal else m - 1, band.NATIVE_TILE,
-                               scale, o, lse_b[e].transpose(1, 2))
+                               scale, o, lse_b[e].transpose(1, 2), band.NATIVE_PACK)
         elif h < H:
             for e in range(B):
                 q, k, v = (_columns(t[e, :, h:], stride) for t in (query, key, value))
@@ -131,7 +131,7 @@ class _Strided(torch.autograd.Function):
                     for t in (query, key, value, out, grad_out, dq, dk, dv))
                 ctx.kernel.backward(q, k, v, None, m - 1, 0 if causal else m - 1,
                                     band.NATIVE_TILE, scale, o, lse_b[e].transpose(1, 2),
-                                    go, gq, gk, gv)
+                                    go, gq, gk, gv, band.NATIVE_PACK)
         elif h < H:
             for e in range(query.shape[0]):
                 q, k, v = (_columns(t[e, :, h:], stride) for t in (query, key, value))

@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
@@ -86,6 +87,53 @@ View view_of(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "band kernel: float32 CPU tensors only");
   return {x.data_ptr<float>(), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+// Rows of a (sequence, head) far apart in memory (the columns of a strided
+// pattern are a view whose rows lie l * H * d floats apart) fall into the
+// same few cache sets: every pass over a tile's keys then reloads them from
+// L3. Where a view's row stride is a page or more and a whole sequence of
+// one head fits kPackLimit floats, the kernels first copy the rows they read
+// into a contiguous thread-local buffer (and write gradients there, copied
+// out once per sequence). The `pack` argument of the operators: -1 decides
+// so, 0 never packs, 1 always does (the tests run both).
+constexpr int64_t kPackLimit = int64_t(1) << 16;
+constexpr int64_t kFarRows = 4096 / sizeof(float);
+
+bool pack_rows(int64_t pack, int64_t T, int64_t d, std::initializer_list<const View*> views) {
+  if (pack >= 0) return pack > 0;
+  if (T * d > kPackLimit) return false;
+  for (const View* v : views)
+    if (v->st >= kFarRows) return true;
+  return false;
+}
+
+// A contiguous (T, d) view of `rows` floats: at(n, t, h) is row t for any n, h.
+inline View local_view(float* rows, int64_t d) { return {rows, 0, d, 0}; }
+
+// Rows [lo, hi) of (sequence n, head h) of x into rows [lo, hi) of `rows`.
+// Rows a page apart defeat the hardware prefetchers: each row's cache lines
+// are requested kAhead rows before they are copied.
+constexpr int64_t kAhead = 8;
+inline void prefetch_row(const float* r, int64_t d) {
+  for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(r + c);
+}
+// Rows [0, T) of the contiguous `rows` into (sequence n, head h) of x.
+inline void store_rows(const float* rows, int64_t T, int64_t d, const View& x, int64_t n,
+                       int64_t h) {
+  for (int64_t t = 0; t < T; ++t) {
+    if (t + kAhead < T)
+      for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(x.at(n, t + kAhead, h) + c, 1);
+    std::memcpy(x.at(n, t, h), rows + t * d, d * sizeof(float));
+  }
+}
+inline void copy_rows(const View& x, int64_t n, int64_t h, int64_t lo, int64_t hi, int64_t d,
+                      float* rows) {
+  for (int64_t t = lo; t < std::min(hi, lo + kAhead); ++t) prefetch_row(x.at(n, t, h), d);
+  for (int64_t t = lo; t < hi; ++t) {
+    if (t + kAhead < hi) prefetch_row(x.at(n, t + kAhead, h), d);
+    std::memcpy(rows + t * d, x.at(n, t, h), d * sizeof(float));
+  }
 }
 
 struct Band {
@@ -245,14 +293,19 @@ inline bool fast_path(const Band& band) {
 }
 
 // X^T of `rows` rows of x (row stride st, d columns) into (d x 32), scaled;
-// rows past `rows` are zero.
+// rows past `rows` are zero. Row by row: each row of x is read once, in
+// order (rows a page apart would otherwise be reloaded for every column).
 inline void pack_transposed(const float* x, int64_t st, int64_t rows, int64_t d, float scale,
                             float* out) {
-  for (int64_t c = 0; c < d; ++c) {
-    float* o = out + c * kTile;
-    for (int64_t i = 0; i < rows; ++i) o[i] = x[i * st + c] * scale;
-    for (int64_t i = rows; i < kTile; ++i) o[i] = 0.f;
+  if (st >= kFarRows)
+    for (int64_t i = 0; i < std::min<int64_t>(rows, kAhead); ++i) prefetch_row(x + i * st, d);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* r = x + i * st;
+    if (st >= kFarRows && i + kAhead < rows) prefetch_row(r + kAhead * st, d);
+    for (int64_t c = 0; c < d; ++c) out[c * kTile + i] = r[c] * scale;
   }
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t i = rows; i < kTile; ++i) out[c * kTile + i] = 0.f;
 }
 
 // Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to lo).
@@ -490,7 +543,7 @@ Band make_band(const at::Tensor& q, int64_t look_back, int64_t look_ahead, int64
 void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                   const c10::optional<at::Tensor>& key_valid, int64_t look_back,
                   int64_t look_ahead, int64_t tile, double scale, const at::Tensor& out,
-                  const at::Tensor& lse) {
+                  const at::Tensor& lse, int64_t pack) {
   check_inputs(query, key, value);
   TORCH_CHECK(out.sizes() == query.sizes(), "band kernel: out shape");
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == query.size(0) && lse.size(1) == query.size(1) &&
@@ -502,34 +555,56 @@ void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const int64_t ln = lse.stride(0), lt = lse.stride(1), lh = lse.stride(2);
   const int64_t tiles = (band.T + tile - 1) / tile;
   const int64_t width = tile + look_back + look_ahead;
+  const bool packed = pack_rows(pack, band.T, band.d, {&K, &V});
   at::parallel_for(0, band.N * band.H * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(tile * padded(std::min<int64_t>(width, band.T)) + 16);
+    // Packed keys and values: rows [plo, phi) of sequence pn, head ph (the
+    // next tile of the same sequence adds only its new rows).
+    std::vector<float> rows(packed ? 2 * band.T * band.d + 16 : 0);
+    int64_t pn = -1, ph = -1, plo = 0, phi = 0;
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
     std::vector<float> fbuf(fast ? kTile * (band.d * 2 + std::min<int64_t>(width, band.T)) + 64 : 0);
 #endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / (band.H * tiles), h = (u / tiles) % band.H, x = u % tiles;
-      const int64_t t0 = x * tile, t1 = std::min(band.T, t0 + tile), rows = t1 - t0;
+      const int64_t t0 = x * tile, t1 = std::min(band.T, t0 + tile), count = t1 - t0;
       int64_t lo, hi;
       band.keys(t0, t1, &lo, &hi);
+      View k = K, v = V;
+      if (packed) {
+        float* kb = aligned(rows.data());
+        float* vb = kb + band.T * band.d;
+        if (n != pn || h != ph || lo < plo || lo > phi) {
+          pn = n;
+          ph = h;
+          plo = phi = lo;
+        }
+        if (hi > phi) {
+          copy_rows(K, n, h, phi, hi, band.d, kb);
+          copy_rows(V, n, h, phi, hi, band.d, vb);
+          phi = hi;
+        }
+        k = local_view(kb, band.d);
+        v = local_view(vb, band.d);
+      }
 #if defined(__AVX512F__)
       if (fast) {
         float* qt = aligned(fbuf.data());
         float* acc = qt + kTile * band.d;
         float* st = acc + kTile * band.d;
-        tile_forward(band, Q, K, V, O, n, h, t0, rows, lo, hi,
+        tile_forward(band, Q, k, v, O, n, h, t0, count, lo, hi,
                      lse_data + n * ln + t0 * lt + h * lh, lt, qt, st, acc);
         continue;
       }
 #endif
       const int64_t L = hi - lo, ld = padded(L);
       float* S = aligned(buffer.data());
-      gemm_rm(false, true, rows, L, band.d, band.scale, Q.at(n, t0, h), Q.st, K.at(n, lo, h),
-              K.st, 0.f, S, ld);
-      probabilities(band, n, t0, rows, lo, hi, S, L, ld, nullptr, lt,
+      gemm_rm(false, true, count, L, band.d, band.scale, Q.at(n, t0, h), Q.st, k.at(n, lo, h),
+              k.st, 0.f, S, ld);
+      probabilities(band, n, t0, count, lo, hi, S, L, ld, nullptr, lt,
                     lse_data + n * ln + t0 * lt + h * lh);
-      gemm_rm(false, false, rows, band.d, L, 1.f, S, ld, V.at(n, lo, h), V.st, 0.f,
+      gemm_rm(false, false, count, band.d, L, 1.f, S, ld, v.at(n, lo, h), v.st, 0.f,
               O.at(n, t0, h), O.st);
     }
   });
@@ -539,7 +614,7 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
                    const c10::optional<at::Tensor>& key_valid, int64_t look_back,
                    int64_t look_ahead, int64_t tile, double scale, const at::Tensor& out,
                    const at::Tensor& lse, const at::Tensor& grad_out, const at::Tensor& grad_query,
-                   const at::Tensor& grad_key, const at::Tensor& grad_value) {
+                   const at::Tensor& grad_key, const at::Tensor& grad_value, int64_t pack) {
   check_inputs(query, key, value);
   for (const auto* t : {&out, &grad_out, &grad_query, &grad_key, &grad_value})
     TORCH_CHECK(t->sizes() == query.sizes(), "band kernel: gradient shapes");
@@ -551,63 +626,80 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const int64_t ln = lse.stride(0), lt = lse.stride(1), lh = lse.stride(2);
   const int64_t tiles = (band.T + tile - 1) / tile;
   const int64_t width = std::min<int64_t>(tile + look_back + look_ahead, band.T);
-  const int64_t d = band.d;
+  const int64_t d = band.d, T = band.T;
+  const bool packed = pack_rows(pack, T, d, {&Q, &K, &V, &O, &dO, &dQ, &dK, &dV});
   at::parallel_for(0, band.N * band.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> probs(tile * padded(width) + 16), dprobs(tile * padded(width) + 16);
+    // Packed sequence: q, k, v, o, dO, then the gradients dq, dk, dv.
+    std::vector<float> rows(packed ? 8 * T * d + 16 : 0);
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
     std::vector<float> fbuf(fast ? kTile * (2 * d + 2 * width) + 64 : 0);
 #endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / band.H, h = u % band.H;
-      for (int64_t t = 0; t < band.T; ++t) {
-        std::memset(dK.at(n, t, h), 0, d * sizeof(float));
-        std::memset(dV.at(n, t, h), 0, d * sizeof(float));
+      View q = Q, k = K, v = V, o = O, go = dO, gq = dQ, gk = dK, gv = dV;
+      if (packed) {
+        float* base = aligned(rows.data());
+        View* local[8] = {&q, &k, &v, &o, &go, &gq, &gk, &gv};
+        for (int i = 0; i < 8; ++i) {
+          if (i < 5) copy_rows(*local[i], n, h, 0, T, d, base + i * T * d);
+          *local[i] = local_view(base + i * T * d, d);
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        std::memset(gk.at(n, t, h), 0, d * sizeof(float));
+        std::memset(gv.at(n, t, h), 0, d * sizeof(float));
       }
       for (int64_t x = 0; x < tiles; ++x) {
-        const int64_t t0 = x * tile, t1 = std::min(band.T, t0 + tile), rows = t1 - t0;
+        const int64_t t0 = x * tile, t1 = std::min(T, t0 + tile), count = t1 - t0;
         int64_t lo, hi;
         band.keys(t0, t1, &lo, &hi);
+        const float* lse_tile = lse_data + n * ln + t0 * lt + h * lh;
 #if defined(__AVX512F__)
         if (fast) {
           float* qt = aligned(fbuf.data());
           float* acc = qt + kTile * d;
           float* pt = acc + kTile * d;
           float* dpt = pt + kTile * width;
-          tile_backward(band, Q, K, V, O, dO, dQ, dK, dV, n, h, t0, rows, lo, hi,
-                        lse_data + n * ln + t0 * lt + h * lh, lt, qt, pt, dpt, acc);
+          tile_backward(band, q, k, v, o, go, gq, gk, gv, n, h, t0, count, lo, hi, lse_tile, lt,
+                        qt, pt, dpt, acc);
           continue;
         }
 #endif
         const int64_t L = hi - lo, ld = padded(L);
         float* P = aligned(probs.data());
         float* dS = aligned(dprobs.data());
-        gemm_rm(false, true, rows, L, d, band.scale, Q.at(n, t0, h), Q.st, K.at(n, lo, h), K.st,
+        gemm_rm(false, true, count, L, d, band.scale, q.at(n, t0, h), q.st, k.at(n, lo, h), k.st,
                 0.f, P, ld);
-        probabilities(band, n, t0, rows, lo, hi, P, L, ld, lse_data + n * ln + t0 * lt + h * lh, lt,
-                      nullptr);
+        probabilities(band, n, t0, count, lo, hi, P, L, ld, lse_tile, lt, nullptr);
         // dV[lo:hi] += P^T dO
-        gemm_rm(true, false, L, d, rows, 1.f, P, ld, dO.at(n, t0, h), dO.st, 1.f, dV.at(n, lo, h),
-                dV.st);
+        gemm_rm(true, false, L, d, count, 1.f, P, ld, go.at(n, t0, h), go.st, 1.f,
+                gv.at(n, lo, h), gv.st);
         // dP = dO V^T
-        gemm_rm(false, true, rows, L, d, 1.f, dO.at(n, t0, h), dO.st, V.at(n, lo, h), V.st, 0.f,
+        gemm_rm(false, true, count, L, d, 1.f, go.at(n, t0, h), go.st, v.at(n, lo, h), v.st, 0.f,
                 dS, ld);
-        for (int64_t i = 0; i < rows; ++i) {
-          const float* o = O.at(n, t0 + i, h);
-          const float* g = dO.at(n, t0 + i, h);
+        for (int64_t i = 0; i < count; ++i) {
+          const float* orow = o.at(n, t0 + i, h);
+          const float* g = go.at(n, t0 + i, h);
           float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-          for (int64_t c = 0; c < d; ++c) acc += o[c] * g[c];
+          for (int64_t c = 0; c < d; ++c) acc += orow[c] * g[c];
           float* ds = dS + i * ld;
           const float* p = P + i * ld;
 #pragma omp simd
           for (int64_t j = 0; j < L; ++j) ds[j] = p[j] * (ds[j] - acc);
         }
         // dQ = scale dS K ; dK[lo:hi] += scale dS^T Q
-        gemm_rm(false, false, rows, d, L, band.scale, dS, ld, K.at(n, lo, h), K.st, 0.f,
-                dQ.at(n, t0, h), dQ.st);
-        gemm_rm(true, false, L, d, rows, band.scale, dS, ld, Q.at(n, t0, h), Q.st, 1.f,
-                dK.at(n, lo, h), dK.st);
+        gemm_rm(false, false, count, d, L, band.scale, dS, ld, k.at(n, lo, h), k.st, 0.f,
+                gq.at(n, t0, h), gq.st);
+        gemm_rm(true, false, L, d, count, band.scale, dS, ld, q.at(n, t0, h), q.st, 1.f,
+                gk.at(n, lo, h), gk.st);
+      }
+      if (packed) {
+        store_rows(gq.data, T, d, dQ, n, h);
+        store_rows(gk.data, T, d, dK, n, h);
+        store_rows(gv.data, T, d, dV, n, h);
       }
     }
   });
@@ -628,10 +720,10 @@ int64_t vector_path() {
 TORCH_LIBRARY(keras_longattn_band, m) {
   m.def("vector_path() -> int", &vector_path);
   m.def("forward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
-        "int look_ahead, int tile, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
+        "int look_ahead, int tile, float scale, Tensor(a!) out, Tensor(b!) lse, int pack=-1) -> ()");
   m.def("backward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
         "int look_ahead, int tile, float scale, Tensor out, Tensor lse, Tensor grad_out, "
-        "Tensor(a!) grad_query, Tensor(b!) grad_key, Tensor(c!) grad_value) -> ()");
+        "Tensor(a!) grad_query, Tensor(b!) grad_key, Tensor(c!) grad_value, int pack=-1) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(keras_longattn_band, CPU, m) {
