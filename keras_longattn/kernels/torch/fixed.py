@@ -9,9 +9,13 @@ of every block (pattern B); causal calls keep keys ``j <= i``.
   (:mod:`keras_longattn.kernels.torch.native`) as sequences of ``l`` with a
   band of ``l - 1`` keys, or, where it does not build, to the flash kernel
   with its own causal mode.
-* Pattern B gathers the ``m * c`` summary keys and values (a small copy),
-  and gives the queries to the flash kernel in groups of whole blocks, each
-  group against the summaries up to its own last block (the grouping of
+* Pattern B gathers the ``m * c`` summary keys and values (a small copy).
+  Where the compiled kernel builds, every query is given its exact interval
+  of summaries (causal: those of the earlier blocks and the summary cells
+  of its own block up to itself; bidirectional: all), so no masked pair is
+  computed beyond the ends of a tile's 16-query halves. Otherwise the
+  queries go to the flash kernel in groups of whole blocks, each group
+  against the summaries up to its own last block (the grouping of
   ``keras_longattn.ops.sparse``: about 56 % of all query-summary pairs
   with causal attention, most of them allowed), with one additive bias per
   group for the blocks inside it.
@@ -73,30 +77,49 @@ def fixed_attention_eager(query, key, value, block_length, summary_width, causal
 
 
 class _Plan:
-    """The query groups of pattern B and their additive biases."""
+    """The summary intervals of pattern B's queries (compiled kernel), and
+    its query groups and their additive biases (flash kernel)."""
 
     def __init__(self, T, l, c, causal):
         self.l, self.c, self.causal = l, c, causal
         m = T // l
         self.m = m
+        # Query i sees summaries [0, last[i]) of the m * c: the c of every
+        # earlier block, and (causal) its own block's cells up to i.
+        pos = torch.arange(T)
         if causal:
-            count = min(GROUPS, m)
-            bounds = [round(g * m / count) for g in range(count + 1)]
+            last = (pos // l) * c + (pos % l - (l - c) + 1).clamp(0, c)
         else:
-            bounds = [0, m]
-        # (first query, end query, summaries read, bias or None)
-        self.groups = []
-        for first, end in zip(bounds[:-1], bounds[1:]):
-            if end <= first:
-                continue
-            read = end if causal else m
-            bias = None
+            last = torch.full((T,), m * c)
+        self.intervals = torch.stack([torch.zeros_like(last), last]).to(torch.int32).contiguous()
+        self._groups = None
+
+    @property
+    def groups(self):
+        """``(first query, end query, summaries read, bias or None)`` of each
+        query group of the flash-kernel path (made on first use: the biases
+        are as large as the pairs they mask)."""
+        if self._groups is None:
+            l, c, m, causal = self.l, self.c, self.m, self.causal
             if causal:
-                q_pos = torch.arange(first * l, end * l)[:, None]
-                k_pos = (torch.arange(read)[:, None] * l + torch.arange(l - c, l)).reshape(1, -1)
-                bias = torch.zeros((q_pos.shape[0], k_pos.shape[1])).masked_fill(
-                    k_pos > q_pos, band.MASKED_BIAS)[None, None]
-            self.groups.append((first * l, end * l, read * c, bias))
+                count = min(GROUPS, m)
+                bounds = [round(g * m / count) for g in range(count + 1)]
+            else:
+                bounds = [0, m]
+            self._groups = []
+            for first, end in zip(bounds[:-1], bounds[1:]):
+                if end <= first:
+                    continue
+                read = end if causal else m
+                bias = None
+                if causal:
+                    q_pos = torch.arange(first * l, end * l)[:, None]
+                    k_pos = (torch.arange(read)[:, None] * l
+                             + torch.arange(l - c, l)).reshape(1, -1)
+                    bias = torch.zeros((q_pos.shape[0], k_pos.shape[1])).masked_fill(
+                        k_pos > q_pos, band.MASKED_BIAS)[None, None]
+                self._groups.append((first * l, end * l, read * c, bias))
+        return self._groups
 
 
 def _viewable(x):
@@ -152,6 +175,13 @@ class _Fixed(torch.autograd.Function):
         if h < H:
             ks, vs = (_summaries(t[:, :, h:], l, c).reshape(B, plan.m * c, H - h, d)
                       for t in (key, value))
+            ctx.summaries = (ks, vs)
+        if h < H and kernel is not None:
+            # Queries that see no summary get zeros and no gradient there.
+            lse_b = torch.empty((B, T, H - h), dtype=torch.float32)
+            kernel.forward(query[:, :, h:], ks, vs, None, 0, 0, band.NATIVE_TILE, scale,
+                           out[:, :, h:], lse_b, band.NATIVE_PACK, plan.intervals)
+        elif h < H:
             lse_b = torch.empty((B, H - h, T), dtype=torch.float32)
             for start, stop, read, bias in plan.groups:
                 q = _heads_first(query[:, start:stop, h:])
@@ -165,7 +195,6 @@ class _Fixed(torch.autograd.Function):
                     _heads_first(out[:, :, h:]).masked_fill_(dead[..., None], 0.0)
                 else:
                     dead = None
-            ctx.summaries = (ks, vs)
         ctx.save_for_backward(query, key, value, out)
         ctx.lse = (lse_a, lse_b)
         ctx.plan, ctx.h, ctx.scale, ctx.kernel, ctx.dead = plan, h, scale, kernel, dead
@@ -195,6 +224,12 @@ class _Fixed(torch.autograd.Function):
                     _heads_first(target).copy_(part)
         if h < H:
             ks, vs = ctx.summaries
+        if h < H and kernel is not None:
+            gks, gvs = torch.empty_like(ks), torch.empty_like(vs)
+            kernel.backward(query[:, :, h:], ks, vs, None, 0, 0, band.NATIVE_TILE, scale,
+                            out[:, :, h:], lse_b, grad_out[:, :, h:], dq[:, :, h:], gks, gvs,
+                            band.NATIVE_PACK, plan.intervals)
+        elif h < H:
             gks = torch.zeros_like(ks)
             gvs = torch.zeros_like(vs)
             go_b = grad_out[:, :, h:]
@@ -209,6 +244,7 @@ class _Fixed(torch.autograd.Function):
                 _heads_first(dq[:, start:stop, h:]).copy_(gq)
                 _heads_first(gks[:, :read]).add_(gk)
                 _heads_first(gvs[:, :read]).add_(gv)
+        if h < H:
             for target, part in ((dk, gks), (dv, gvs)):
                 target[:, :, h:].zero_()
                 _summaries(target[:, :, h:], l, c).copy_(part.view(B, plan.m, c, H - h, d))

@@ -137,18 +137,51 @@ inline void copy_rows(const View& x, int64_t n, int64_t h, int64_t lo, int64_t h
 }
 
 struct Band {
-  int64_t N, T, H, d, look_back, look_ahead, tile;
+  int64_t N, T, S, H, d, look_back, look_ahead, tile;
   float scale;
-  const bool* valid;  // (N, T) contiguous, or null
+  const bool* valid;  // (N, S) contiguous, or null
+  // Explicit key intervals (2, T) int32 contiguous, or null: query p sees
+  // keys [first[p], last[p]) of S (then look_back / look_ahead are unused).
+  const int32_t* first;
+  const int32_t* last;
   // Key range [lo, hi) of the query tile [t0, t1).
   void keys(int64_t t0, int64_t t1, int64_t* lo, int64_t* hi) const {
+    if (first) {
+      *lo = S;
+      *hi = 0;
+      for (int64_t p = t0; p < t1; ++p)
+        if (last[p] > first[p]) {
+          *lo = std::min<int64_t>(*lo, first[p]);
+          *hi = std::max<int64_t>(*hi, last[p]);
+        }
+      if (*hi <= *lo) *lo = *hi = 0;  // no query of the tile sees a key
+      return;
+    }
     *lo = std::max<int64_t>(0, t0 - look_back);
-    *hi = std::min<int64_t>(T, t1 + look_ahead);
+    *hi = std::min<int64_t>(S, t1 + look_ahead);
   }
-  // Visible key columns [a, b) of the query at position p, relative to lo.
+  // Visible key columns [a, b) of the query at position p, relative to lo
+  // (b <= a: none).
   void row(int64_t p, int64_t lo, int64_t hi, int64_t* a, int64_t* b) const {
+    if (first) {
+      // Clipped to [lo, hi]: an empty interval may lie outside the tile's keys.
+      *a = std::min<int64_t>(hi, std::max<int64_t>(lo, first[p])) - lo;
+      *b = std::max<int64_t>(*a + lo, std::min<int64_t>(hi, last[p])) - lo;
+      return;
+    }
     *a = std::max<int64_t>(lo, p - look_back) - lo;
     *b = std::min<int64_t>(hi, p + look_ahead + 1) - lo;
+  }
+  // The most keys one tile sees.
+  int64_t width() const {
+    if (!first) return std::min<int64_t>(tile + look_back + look_ahead, S);
+    int64_t w = 0;
+    for (int64_t t0 = 0; t0 < T; t0 += tile) {
+      int64_t lo, hi;
+      keys(t0, std::min(T, t0 + tile), &lo, &hi);
+      w = std::max(w, hi - lo);
+    }
+    return w;
   }
 };
 
@@ -160,7 +193,7 @@ struct Band {
 void probabilities(const Band& band, int64_t n, int64_t t0, int64_t rows, int64_t lo, int64_t hi,
                    float* S, int64_t L, int64_t ld, const float* lse_in, int64_t lse_stride,
                    float* lse_out) {
-  const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
+  const bool* valid = band.valid ? band.valid + n * band.S + lo : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
     float* s = S + i * ld;
     int64_t a, b;
@@ -430,7 +463,7 @@ void tile_forward(const Band& band, const View& Q, const View& K, const View& V,
   const Lanes l = lanes(band, t0, rows, lo, hi);
   // S^T = K Qt: (L x 32), the rows each half sees.
   lane_products(l, d, K.at(n, lo, h), K.st, qt, st);
-  const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
+  const bool* valid = band.valid ? band.valid + n * band.S + lo : nullptr;
   const __m512 neg = _mm512_set1_ps(-1e30f);
   __m512 m[2] = {neg, neg}, sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int v = 0; v < 2; ++v)
@@ -476,7 +509,7 @@ void tile_backward(const Band& band, const View& Q, const View& K, const View& V
   pack_transposed(Q.at(n, t0, h), Q.st, rows, d, band.scale, qt);
   const Lanes l = lanes(band, t0, rows, lo, hi);
   lane_products(l, d, K.at(n, lo, h), K.st, qt, pt);  // S^T
-  const bool* valid = band.valid ? band.valid + n * band.T + lo : nullptr;
+  const bool* valid = band.valid ? band.valid + n * band.S + lo : nullptr;
   alignas(64) float lse[kTile], D[kTile];
   for (int64_t i = 0; i < kTile; ++i) {
     // Dead and padding lanes: a log-sum-exp so large that exp() is 0.
@@ -520,22 +553,40 @@ void tile_backward(const Band& band, const View& Q, const View& K, const View& V
 }
 #endif
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.sizes() == k.sizes() && q.sizes() == v.sizes(),
-              "band kernel: query, key and value shapes differ: ", q.sizes(), ", ", k.sizes(),
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  bool intervals) {
+  TORCH_CHECK(k.sizes() == v.sizes(), "band kernel: key and value shapes differ: ", k.sizes(),
               ", ", v.sizes());
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
+                  q.size(3) == k.size(3),
+              "band kernel: query ", q.sizes(), " and key ", k.sizes(),
+              " differ in batch, heads or head size");
+  TORCH_CHECK(intervals || q.size(1) == k.size(1),
+              "band kernel: queries and keys of different lengths need explicit key intervals");
 }
 
-Band make_band(const at::Tensor& q, int64_t look_back, int64_t look_ahead, int64_t tile,
-               double scale, const c10::optional<at::Tensor>& valid) {
-  Band band{q.size(0), q.size(1), q.size(2), q.size(3), look_back, look_ahead, tile,
-            static_cast<float>(scale), nullptr};
+Band make_band(const at::Tensor& q, const at::Tensor& k, int64_t look_back, int64_t look_ahead,
+               int64_t tile, double scale, const c10::optional<at::Tensor>& valid,
+               const c10::optional<at::Tensor>& intervals) {
+  Band band{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), look_back, look_ahead, tile,
+            static_cast<float>(scale), nullptr, nullptr, nullptr};
   TORCH_CHECK(look_back >= 0 && look_ahead >= 0 && tile > 0, "band kernel: bad extents");
   if (valid.has_value()) {
     TORCH_CHECK(valid->scalar_type() == at::kBool && valid->is_contiguous() &&
-                    valid->dim() == 2 && valid->size(0) == band.N && valid->size(1) == band.T,
-                "band kernel: key_valid must be a contiguous bool (N, T)");
+                    valid->dim() == 2 && valid->size(0) == band.N && valid->size(1) == band.S,
+                "band kernel: key_valid must be a contiguous bool (N, S)");
     band.valid = valid->data_ptr<bool>();
+  }
+  if (intervals.has_value()) {
+    TORCH_CHECK(intervals->scalar_type() == at::kInt && intervals->is_contiguous() &&
+                    intervals->dim() == 2 && intervals->size(0) == 2 &&
+                    intervals->size(1) == band.T,
+                "band kernel: key intervals must be a contiguous int32 (2, T)");
+    band.first = intervals->data_ptr<int32_t>();
+    band.last = band.first + band.T;
+    for (int64_t p = 0; p < band.T; ++p)
+      TORCH_CHECK(band.first[p] >= 0 && band.last[p] <= band.S,
+                  "band kernel: key interval of query ", p, " outside [0, ", band.S, "]");
   }
   return band;
 }
@@ -543,28 +594,30 @@ Band make_band(const at::Tensor& q, int64_t look_back, int64_t look_ahead, int64
 void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                   const c10::optional<at::Tensor>& key_valid, int64_t look_back,
                   int64_t look_ahead, int64_t tile, double scale, const at::Tensor& out,
-                  const at::Tensor& lse, int64_t pack) {
-  check_inputs(query, key, value);
+                  const at::Tensor& lse, int64_t pack,
+                  const c10::optional<at::Tensor>& intervals) {
+  check_inputs(query, key, value, intervals.has_value());
   TORCH_CHECK(out.sizes() == query.sizes(), "band kernel: out shape");
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == query.size(0) && lse.size(1) == query.size(1) &&
                   lse.size(2) == query.size(2) && lse.scalar_type() == at::kFloat,
               "band kernel: lse must be float (N, T, H)");
-  const Band band = make_band(query, look_back, look_ahead, tile, scale, key_valid);
+  const Band band = make_band(query, key, look_back, look_ahead, tile, scale, key_valid,
+                              intervals);
   const View Q = view_of(query), K = view_of(key), V = view_of(value), O = view_of(out);
   float* lse_data = lse.data_ptr<float>();
   const int64_t ln = lse.stride(0), lt = lse.stride(1), lh = lse.stride(2);
   const int64_t tiles = (band.T + tile - 1) / tile;
-  const int64_t width = tile + look_back + look_ahead;
-  const bool packed = pack_rows(pack, band.T, band.d, {&K, &V});
+  const int64_t width = band.width();
+  const bool packed = pack_rows(pack, band.S, band.d, {&K, &V});
   at::parallel_for(0, band.N * band.H * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(tile * padded(std::min<int64_t>(width, band.T)) + 16);
+    std::vector<float> buffer(tile * padded(width) + 16);
     // Packed keys and values: rows [plo, phi) of sequence pn, head ph (the
     // next tile of the same sequence adds only its new rows).
-    std::vector<float> rows(packed ? 2 * band.T * band.d + 16 : 0);
+    std::vector<float> rows(packed ? 2 * band.S * band.d + 16 : 0);
     int64_t pn = -1, ph = -1, plo = 0, phi = 0;
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
-    std::vector<float> fbuf(fast ? kTile * (band.d * 2 + std::min<int64_t>(width, band.T)) + 64 : 0);
+    std::vector<float> fbuf(fast ? kTile * (band.d * 2 + width) + 64 : 0);
 #endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / (band.H * tiles), h = (u / tiles) % band.H, x = u % tiles;
@@ -574,7 +627,7 @@ void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
       View k = K, v = V;
       if (packed) {
         float* kb = aligned(rows.data());
-        float* vb = kb + band.T * band.d;
+        float* vb = kb + band.S * band.d;
         if (n != pn || h != ph || lo < plo || lo > phi) {
           pn = n;
           ph = h;
@@ -614,24 +667,29 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
                    const c10::optional<at::Tensor>& key_valid, int64_t look_back,
                    int64_t look_ahead, int64_t tile, double scale, const at::Tensor& out,
                    const at::Tensor& lse, const at::Tensor& grad_out, const at::Tensor& grad_query,
-                   const at::Tensor& grad_key, const at::Tensor& grad_value, int64_t pack) {
-  check_inputs(query, key, value);
-  for (const auto* t : {&out, &grad_out, &grad_query, &grad_key, &grad_value})
+                   const at::Tensor& grad_key, const at::Tensor& grad_value, int64_t pack,
+                   const c10::optional<at::Tensor>& intervals) {
+  check_inputs(query, key, value, intervals.has_value());
+  for (const auto* t : {&out, &grad_out, &grad_query})
     TORCH_CHECK(t->sizes() == query.sizes(), "band kernel: gradient shapes");
-  const Band band = make_band(query, look_back, look_ahead, tile, scale, key_valid);
+  for (const auto* t : {&grad_key, &grad_value})
+    TORCH_CHECK(t->sizes() == key.sizes(), "band kernel: gradient shapes");
+  const Band band = make_band(query, key, look_back, look_ahead, tile, scale, key_valid,
+                              intervals);
   const View Q = view_of(query), K = view_of(key), V = view_of(value), O = view_of(out),
              dO = view_of(grad_out), dQ = view_of(grad_query), dK = view_of(grad_key),
              dV = view_of(grad_value);
   const float* lse_data = lse.data_ptr<float>();
   const int64_t ln = lse.stride(0), lt = lse.stride(1), lh = lse.stride(2);
   const int64_t tiles = (band.T + tile - 1) / tile;
-  const int64_t width = std::min<int64_t>(tile + look_back + look_ahead, band.T);
-  const int64_t d = band.d, T = band.T;
-  const bool packed = pack_rows(pack, T, d, {&Q, &K, &V, &O, &dO, &dQ, &dK, &dV});
+  const int64_t width = band.width();
+  const int64_t d = band.d, T = band.T, S = band.S;
+  const bool packed =
+      pack_rows(pack, std::max(T, S), d, {&Q, &K, &V, &O, &dO, &dQ, &dK, &dV});
   at::parallel_for(0, band.N * band.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> probs(tile * padded(width) + 16), dprobs(tile * padded(width) + 16);
-    // Packed sequence: q, k, v, o, dO, then the gradients dq, dk, dv.
-    std::vector<float> rows(packed ? 8 * T * d + 16 : 0);
+    // Packed sequence: q, o, dO, dq (T rows each), then k, v, dk, dv (S rows).
+    std::vector<float> rows(packed ? 4 * (T + S) * d + 16 : 0);
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
     std::vector<float> fbuf(fast ? kTile * (2 * d + 2 * width) + 64 : 0);
@@ -641,13 +699,15 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
       View q = Q, k = K, v = V, o = O, go = dO, gq = dQ, gk = dK, gv = dV;
       if (packed) {
         float* base = aligned(rows.data());
-        View* local[8] = {&q, &k, &v, &o, &go, &gq, &gk, &gv};
+        View* local[8] = {&q, &o, &go, &gq, &k, &v, &gk, &gv};
         for (int i = 0; i < 8; ++i) {
-          if (i < 5) copy_rows(*local[i], n, h, 0, T, d, base + i * T * d);
-          *local[i] = local_view(base + i * T * d, d);
+          const int64_t length = i < 4 ? T : S;
+          float* at = base + (i < 4 ? i * T : 4 * T + (i - 4) * S) * d;
+          if (i != 3 && i < 6) copy_rows(*local[i], n, h, 0, length, d, at);
+          *local[i] = local_view(at, d);
         }
       }
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; t < S; ++t) {
         std::memset(gk.at(n, t, h), 0, d * sizeof(float));
         std::memset(gv.at(n, t, h), 0, d * sizeof(float));
       }
@@ -698,8 +758,8 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
       }
       if (packed) {
         store_rows(gq.data, T, d, dQ, n, h);
-        store_rows(gk.data, T, d, dK, n, h);
-        store_rows(gv.data, T, d, dV, n, h);
+        store_rows(gk.data, S, d, dK, n, h);
+        store_rows(gv.data, S, d, dV, n, h);
       }
     }
   });
@@ -720,10 +780,12 @@ int64_t vector_path() {
 TORCH_LIBRARY(keras_longattn_band, m) {
   m.def("vector_path() -> int", &vector_path);
   m.def("forward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
-        "int look_ahead, int tile, float scale, Tensor(a!) out, Tensor(b!) lse, int pack=-1) -> ()");
+        "int look_ahead, int tile, float scale, Tensor(a!) out, Tensor(b!) lse, int pack=-1, "
+        "Tensor? intervals=None) -> ()");
   m.def("backward(Tensor query, Tensor key, Tensor value, Tensor? key_valid, int look_back, "
         "int look_ahead, int tile, float scale, Tensor out, Tensor lse, Tensor grad_out, "
-        "Tensor(a!) grad_query, Tensor(b!) grad_key, Tensor(c!) grad_value, int pack=-1) -> ()");
+        "Tensor(a!) grad_query, Tensor(b!) grad_key, Tensor(c!) grad_value, int pack=-1, "
+        "Tensor? intervals=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(keras_longattn_band, CPU, m) {
