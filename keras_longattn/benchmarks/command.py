@@ -146,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="also time a 4096x4096 float32 matmul in every worker and "
                            "report each row's useful-FLOP throughput as a fraction of it "
                            "(keras_longattn.benchmarks.efficiency)")
+    what.add_argument("--no-settle-allocator", dest="settle_allocator", action="store_false",
+                      help="time with glibc's malloc as a fresh small process has it, "
+                           "which gives freed memory back to the system between calls "
+                           "(default: settle it first, as in a process with large "
+                           "tensors; keras_longattn.benchmarks.worker.settle_allocator)")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                       type=_argument_type(parse_option, "--option"),
                       help="layer constructor argument set in the layer configs, "
@@ -219,6 +224,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
             output_dir=args.output_dir,
             progress=make_progress(not args.quiet, use_rich=use_rich),
             efficiency=args.efficiency,
+            settle_allocator=args.settle_allocator,
         )
     except BenchmarkArgumentError as exc:
         if parser is not None:

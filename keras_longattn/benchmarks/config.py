@@ -407,6 +407,9 @@ class BenchmarkConfig:
     #: Time a float32 matmul in every worker: the peak of the efficiency
     #: columns (keras_longattn.benchmarks.efficiency).
     efficiency: bool = False
+    #: Settle glibc's malloc in every worker before timing
+    #: (keras_longattn.benchmarks.worker.settle_allocator).
+    settle_allocator: bool = True
 
     @classmethod
     def create(
@@ -430,6 +433,7 @@ class BenchmarkConfig:
         baseline: Any = "full",
         seed: int = 0,
         efficiency: bool = False,
+        settle_allocator: bool = True,
     ) -> "BenchmarkConfig":
         """Parse and validate; the baseline layer is put first in ``layers``.
 
@@ -492,6 +496,7 @@ class BenchmarkConfig:
             seed=_positive_int("seed", seed, minimum=0),
             layer_specs={spec.label: spec.to_dict() for spec in specs},
             efficiency=bool(efficiency),
+            settle_allocator=bool(settle_allocator),
         )
         config._check_layer_specs()
         return config

@@ -81,6 +81,7 @@ CSV_COLUMNS = (
     "num_params",
     "options",
     "allocator",
+    "allocator_settled",
     "wall_s",
     "message",
     "useful_gflop",

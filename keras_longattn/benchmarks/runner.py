@@ -456,6 +456,7 @@ def plan_jobs(config: BenchmarkConfig) -> list[dict[str, Any]]:
                         "tf_jit": config.tf_jit,
                         "seed": config.seed,
                         "efficiency": config.efficiency,
+                        "settle_allocator": config.settle_allocator,
                     })
     return jobs
 
@@ -677,6 +678,7 @@ def run_benchmark(
     output_dir: str | os.PathLike | None = None,
     progress: bool | Progress = False,
     efficiency: bool = False,
+    settle_allocator: bool = True,
 ) -> BenchmarkResults:
     """Benchmark layers; every configuration runs in a fresh subprocess.
 
@@ -725,6 +727,11 @@ def run_benchmark(
             against which rows report their useful-FLOP throughput
             (:mod:`~keras_longattn.benchmarks.efficiency`; the throughput
             itself is always reported where the layer has a definition).
+        settle_allocator: before timing, put glibc's ``malloc`` in the
+            state of a process that has freed a large block, so that freed
+            memory is reused instead of faulted in again by every call
+            (:func:`keras_longattn.benchmarks.worker.settle_allocator`;
+            recorded as ``allocator_settled``). Defaults to True.
 
     Returns:
         One dict per configuration (see :mod:`keras_longattn.benchmarks.report`),
@@ -741,7 +748,7 @@ def run_benchmark(
         num_heads=num_heads, head_dim=head_dim, window=window, causal=causal,
         repeats=repeats, warmup=warmup, timeout=timeout, memory_limit_gb=memory_limit_gb,
         options=options, tf_jit=tf_jit, baseline=baseline, seed=seed, scope=scope,
-        efficiency=efficiency,
+        efficiency=efficiency, settle_allocator=settle_allocator,
     )
     if isinstance(progress, Progress):
         display = progress

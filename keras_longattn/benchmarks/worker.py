@@ -59,7 +59,12 @@ Each timed call also records the process's minor page faults during it
 that finds its memory returned to the system by the allocator pays for
 faulting it in again, the main source of the spread of fast calls here.
 The allocator's settings in the environment (glibc's ``MALLOC_*`` tunables,
-``GLIBC_TUNABLES``, ``LD_PRELOAD``) are recorded as ``allocator``.
+``GLIBC_TUNABLES``, ``LD_PRELOAD``) are recorded as ``allocator``. Unless
+``settle_allocator`` is false, the worker first settles glibc's ``malloc``
+(:func:`settle_allocator`: one free of a 31 MiB block, so that it keeps
+freed memory as a process with large tensors does) and records
+``allocator_settled``; every layer of a run, the baseline included, is
+measured so.
 
 Only this module imports a backend, and only inside the backend-specific
 functions.
@@ -103,6 +108,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "tf_jit": True,
     "seed": 0,
     "efficiency": False,
+    "settle_allocator": True,
 }
 
 _OOM_PATTERNS = (
@@ -594,6 +600,7 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         stage = "prepare"
         step, device_memory, info = _STEPS[backend](layer, x_np, config)
         result.update(info)
+        result["allocator_settled"] = bool(config["settle_allocator"]) and settle_allocator()
 
         host = HostMemory()
         host.start()
@@ -657,6 +664,41 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     if allocator:
         result["allocator"] = allocator
     return result
+
+
+#: Bytes of the block :func:`settle_allocator` allocates and frees: just
+#: under glibc's cap on its dynamic mmap threshold (32 MiB on 64-bit).
+SETTLE_BYTES = 31 << 20
+
+
+def settle_allocator() -> bool:
+    """Puts glibc's ``malloc`` in the state of a process that has freed a
+    large block: one ``malloc`` / ``free`` of :data:`SETTLE_BYTES` raises
+    its dynamic mmap threshold to that size and its trim threshold to twice
+    it. A small, fresh process is not in that state: there every freed
+    block above a few MiB at the top of the heap is given back to the
+    system and faulted in again (zeroed page by page) by the next call,
+    several milliseconds per call, more than the whole call for a fast
+    layer, and irregularly (see ``page_faults``). A training process, whose
+    activations and optimizer states are larger, is in the settled state.
+    Returns False (and does nothing) where the C library is not glibc or
+    its tunables are set in the environment (:func:`allocator_settings`).
+    """
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    if allocator_settings():
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(SETTLE_BYTES)
+    if not block:
+        return False
+    libc.free(block)
+    return True
 
 
 def allocator_settings() -> dict[str, str]:

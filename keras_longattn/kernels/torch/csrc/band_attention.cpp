@@ -108,6 +108,28 @@ bool pack_rows(int64_t pack, int64_t T, int64_t d, std::initializer_list<const V
   return false;
 }
 
+// Per-thread scratch buffers that outlive a call: allocating them in every
+// call costs, for any above malloc's mmap threshold (128 KiB in a fresh
+// process), an mmap, page faults and an munmap (with its TLB shootdown on
+// the other threads) each time. Slot i of the calling thread holds at least
+// `count` floats; a buffer above kKeepScratch floats is released when the
+// Scratch goes out of scope.
+constexpr size_t kKeepScratch = size_t(1) << 22;  // 16 MiB
+struct Scratch {
+  std::vector<float>& buffer;
+  Scratch(int slot, size_t count) : buffer(slots()[slot]) {
+    if (buffer.size() < count) buffer.resize(count);
+  }
+  ~Scratch() {
+    if (buffer.size() > kKeepScratch) std::vector<float>().swap(buffer);
+  }
+  float* data() { return buffer.data(); }
+  static std::vector<float>* slots() {
+    thread_local std::vector<float> kept[4];
+    return kept;
+  }
+};
+
 // A contiguous (T, d) view of `rows` floats: at(n, t, h) is row t for any n, h.
 inline View local_view(float* rows, int64_t d) { return {rows, 0, d, 0}; }
 
@@ -610,14 +632,14 @@ void band_forward(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const int64_t width = band.width();
   const bool packed = pack_rows(pack, band.S, band.d, {&K, &V});
   at::parallel_for(0, band.N * band.H * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(tile * padded(width) + 16);
+    Scratch buffer(0, tile * padded(width) + 16);
     // Packed keys and values: rows [plo, phi) of sequence pn, head ph (the
     // next tile of the same sequence adds only its new rows).
-    std::vector<float> rows(packed ? 2 * band.S * band.d + 16 : 0);
+    Scratch rows(1, packed ? 2 * band.S * band.d + 16 : 0);
     int64_t pn = -1, ph = -1, plo = 0, phi = 0;
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
-    std::vector<float> fbuf(fast ? kTile * (band.d * 2 + width) + 64 : 0);
+    Scratch fbuf(2, fast ? kTile * (band.d * 2 + width) + 64 : 0);
 #endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / (band.H * tiles), h = (u / tiles) % band.H, x = u % tiles;
@@ -687,12 +709,12 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const bool packed =
       pack_rows(pack, std::max(T, S), d, {&Q, &K, &V, &O, &dO, &dQ, &dK, &dV});
   at::parallel_for(0, band.N * band.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> probs(tile * padded(width) + 16), dprobs(tile * padded(width) + 16);
+    Scratch probs(0, tile * padded(width) + 16), dprobs(3, tile * padded(width) + 16);
     // Packed sequence: q, o, dO, dq (T rows each), then k, v, dk, dv (S rows).
-    std::vector<float> rows(packed ? 4 * (T + S) * d + 16 : 0);
+    Scratch rows(1, packed ? 4 * (T + S) * d + 16 : 0);
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
-    std::vector<float> fbuf(fast ? kTile * (2 * d + 2 * width) + 64 : 0);
+    Scratch fbuf(2, fast ? kTile * (2 * d + 2 * width) + 64 : 0);
 #endif
     for (int64_t u = begin; u < end; ++u) {
       const int64_t n = u / band.H, h = u % band.H;
