@@ -347,20 +347,52 @@ inline bool fast_path(const Band& band) {
   return band.tile == kTile && band.d % 16 == 0 && band.d <= 64;
 }
 
-// X^T of `rows` rows of x (row stride st, d columns) into (d x 32), scaled;
-// rows past `rows` are zero. Row by row: each row of x is read once, in
-// order (rows a page apart would otherwise be reloaded for every column).
+// In-register transpose of a 16 x 16 block: r[i] holds row i before, column
+// i after.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), e = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 4; ++k) {
+      t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+      t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
+    }
+  for (int k = 0; k < 8; ++k) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+  }
+}
+
+// X^T of `rows` rows of x (row stride st, d columns, d a multiple of 16)
+// into (d x 32), scaled; rows past `rows` are zero. In 16 x 16 blocks, each
+// transposed in registers.
 inline void pack_transposed(const float* x, int64_t st, int64_t rows, int64_t d, float scale,
                             float* out) {
-  if (st >= kFarRows)
-    for (int64_t i = 0; i < std::min<int64_t>(rows, kAhead); ++i) prefetch_row(x + i * st, d);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* r = x + i * st;
-    if (st >= kFarRows && i + kAhead < rows) prefetch_row(r + kAhead * st, d);
-    for (int64_t c = 0; c < d; ++c) out[c * kTile + i] = r[c] * scale;
+  if (st >= kFarRows)  // rows a page apart: request them all first
+    for (int64_t i = 0; i < rows; ++i) prefetch_row(x + i * st, d);
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < kTile; i0 += 16) {
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, rows - i0));
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; ++i)
+        r[i] = i < n ? _mm512_loadu_ps(x + (i0 + i) * st + c0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int j = 0; j < 16; ++j)
+        _mm512_storeu_ps(out + (c0 + j) * kTile + i0, _mm512_mul_ps(r[j], s));
+    }
   }
-  for (int64_t c = 0; c < d; ++c)
-    for (int64_t i = rows; i < kTile; ++i) out[c * kTile + i] = 0.f;
 }
 
 // Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to lo).
