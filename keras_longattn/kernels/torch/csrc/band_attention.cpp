@@ -761,14 +761,21 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
           *local[i] = local_view(at, d);
         }
       }
-      for (int64_t t = 0; t < S; ++t) {
-        std::memset(gk.at(n, t, h), 0, d * sizeof(float));
-        std::memset(gv.at(n, t, h), 0, d * sizeof(float));
-      }
+      // Key and value gradient rows are zeroed just before the first tile
+      // that adds to them (rows [0, zeroed) are), while they are about to be
+      // in cache anyway; the rest at the end.
+      int64_t zeroed = 0;
+      auto zero_rows = [&](int64_t upto) {
+        for (; zeroed < upto; ++zeroed) {
+          std::memset(gk.at(n, zeroed, h), 0, d * sizeof(float));
+          std::memset(gv.at(n, zeroed, h), 0, d * sizeof(float));
+        }
+      };
       for (int64_t x = 0; x < tiles; ++x) {
         const int64_t t0 = x * tile, t1 = std::min(T, t0 + tile), count = t1 - t0;
         int64_t lo, hi;
         band.keys(t0, t1, &lo, &hi);
+        zero_rows(hi);
         const float* lse_tile = lse_data + n * ln + t0 * lt + h * lh;
 #if defined(__AVX512F__)
         if (fast) {
@@ -810,6 +817,7 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
         gemm_rm(true, false, L, d, count, band.scale, dS, ld, q.at(n, t0, h), q.st, 1.f,
                 gk.at(n, lo, h), gk.st);
       }
+      zero_rows(S);
       if (packed) {
         store_rows(gq.data, T, d, dQ, n, h);
         store_rows(gk.data, S, d, dK, n, h);
