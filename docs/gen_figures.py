@@ -550,7 +550,8 @@ def benchmark_plot(rows, path: Path) -> Path | None:
 
 def _config_cells(config) -> str:
     keys = ("layers", "lengths", "backends", "modes", "batch", "num_heads", "head_dim",
-            "window", "causal", "scope", "repeats", "warmup", "options", "tf_jit", "baseline")
+            "window", "causal", "scope", "repeats", "warmup", "options", "tf_jit", "baseline",
+            "settle_allocator")
     return ", ".join(f"`{k}={config[k]!r}`" for k in keys if k in config)
 
 
@@ -675,7 +676,13 @@ EFFICIENCY_NOTE = (
     "pass do not count. The peak is the fastest of five float32 4096 x 4096 matrix "
     "products timed in the same worker, on the same backend and threads, right after "
     "the layer's calls (`--efficiency`). Definitions per layer: "
-    "`keras_longattn.benchmarks.efficiency`."
+    "`keras_longattn.benchmarks.efficiency`. *malloc*: `settled` where the worker first "
+    "raised glibc's mmap and trim thresholds to their maximum, as in a process that has "
+    "freed a large tensor (the default since 2026-11-25; "
+    "`keras_longattn.benchmarks.worker.settle_allocator`), `as started` with "
+    "`--no-settle-allocator`, where a fast call may fault in memory the previous call gave "
+    "back; *faults*: the median of the minor page faults per timed call (4 KiB pages; "
+    f"{DASH} for rows measured before they were recorded)."
 )
 
 
@@ -687,8 +694,8 @@ def efficiency_section(rows) -> str:
     if not chosen:
         return ""
     lines = ["| layer | backend | n | causal | scope | mode | useful GFLOP | GFLOP/s "
-             "| matmul peak GFLOP/s | of peak |",
-             "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
+             "| matmul peak GFLOP/s | of peak | malloc | faults |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---:|---|---:|"]
     for r in sorted(chosen, key=lambda r: (str(r.get("backend")), str(r.get("scope")),
                                            not r.get("causal", True), str(r.get("mode")),
                                            r.get("seq_len") or 0, str(r.get("layer")))):
@@ -699,9 +706,23 @@ def efficiency_section(rows) -> str:
             f"{r.get('mode')} | {_num(r.get('useful_gflop'))} | "
             f"{_num(r.get('useful_gflops_per_s'))} | {_num(r.get('matmul_peak_gflops'))} | "
             + (DASH if not isinstance(fraction, (int, float)) else f"{100 * fraction:.0f}%")
-            + " |")
+            + f" | {_malloc_state(r)} | {_median_faults(r)} |")
     return ("\n## Useful-FLOP throughput\n\n" + EFFICIENCY_NOTE + "\n\n"
             + "\n".join(lines) + "\n")
+
+
+def _malloc_state(row) -> str:
+    if "allocator_settled" not in row:
+        return DASH
+    return "settled" if row["allocator_settled"] else "as started"
+
+
+def _median_faults(row) -> str:
+    faults = row.get("page_faults")
+    if not faults:
+        return DASH
+    ordered = sorted(faults)
+    return f"{ordered[len(ordered) // 2]:,}"
 
 
 def memory_curve_document(path: Path = MEMORY_CURVE_SOURCE):

@@ -44,3 +44,18 @@ def test_efficiency_section_only_with_throughput(gen):
     assert text.count("| `local` |") == 1
     assert "| `local` | torch | 16,384 | yes | attention | fwdbwd |" in text
     assert gen.efficiency_section([_row(4096, 1)]) == ""
+
+
+def test_efficiency_section_names_the_allocator_state_and_faults(gen):
+    """Rows say whether malloc was settled and their median page faults per
+    call; rows measured before either was recorded get a dash."""
+    base = dict(useful_gflop=2.0, useful_gflops_per_s=80.0, matmul_peak_gflops=180.0,
+                peak_fraction=0.44)
+    rows = [_row(8192, 1, allocator_settled=True, page_faults=[0, 3, 4065, 1, 2], **base),
+            _row(16384, 1, allocator_settled=False, page_faults=[8000, 4000, 12000], **base),
+            _row(32768, 1, **base)]
+    lines = {line.split(" | ")[2]: line for line in gen.efficiency_section(rows).splitlines()
+             if line.startswith("| `local`")}
+    assert lines["8,192"].endswith("| settled | 2 |")
+    assert lines["16,384"].endswith("| as started | 8,000 |")
+    assert lines["32,768"].endswith(f"| {gen.DASH} | {gen.DASH} |")
