@@ -2,7 +2,9 @@
 // backward, for keras_longattn.kernels.torch.band.
 //
 // Query position p of a sequence of T attends keys p - look_back .. p +
-// look_ahead (clipped to the sequence, and to the keys marked valid). The
+// look_ahead (clipped to the sequence, and to the keys marked valid), or,
+// given explicit key intervals, keys [first[p], last[p]) of a key sequence
+// of its own length S (the fixed Sparse Transformer pattern's summaries). The
 // queries of one (sequence, head) are taken in tiles of `tile` rows; a tile
 // computes its scores against exactly the keys its rows can see (tile +
 // look_back + look_ahead of them at most), so the only pairs computed and
@@ -20,12 +22,14 @@
 // 32 queries with a head size that is a multiple of 16, at most 64, take a
 // second form: the tile's scores are kept transposed (keys x queries), so a
 // query's softmax is one vector lane and every product is a register-blocked
-// broadcast-FMA loop over the caller's rows, with no BLAS call and no
-// packing of keys or values (see "AVX-512 path" below). Same results to
-// float rounding; other tiles, head sizes and CPUs use the BLAS form.
+// broadcast-FMA loop over the caller's rows, with no BLAS call (see
+// "AVX-512 path" below). Same results to float rounding; other tiles, head
+// sizes and CPUs use the BLAS form.
 //
-// Tensors are (N, T, H, d) of any strides with the last one 1 (views of the
-// caller's tensors: heads of a slice, the columns of a strided pattern).
+// Queries are (N, T, H, d), keys and values (N, S, H, d) (S = T without key
+// intervals), of any strides with the last one 1 (views of the caller's
+// tensors: heads of a slice, the columns of a strided pattern); rows a page
+// or more apart are first copied into a per-thread buffer (see pack_rows).
 // A query that sees no key gets a zero output and a log-sum-exp of
 // DEAD_LSE (finite, so that -ffast-math arithmetic stays defined).
 
@@ -395,11 +399,10 @@ inline void pack_transposed(const float* x, int64_t st, int64_t rows, int64_t d,
   }
 }
 
-// Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to lo).
 // Lane bounds of a tile: query i sees columns [a_i, b_i) of S^T (relative to
-// lo); padding lanes (i >= rows) see nothing. The bounds grow with i, so
-// the 16 lanes of half v together see the key rows [lo[v], hi[v]): only
-// those are computed for them.
+// lo); padding lanes (i >= rows) see nothing. The 16 lanes of half v
+// together see the key rows [lo[v], hi[v]) (the least a_i and greatest b_i
+// of its lanes that see a key): only those are computed for them.
 struct Lanes {
   __m512i a[2], b[2];
   int64_t lo[2], hi[2], count[2];
