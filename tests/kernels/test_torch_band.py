@@ -191,8 +191,8 @@ def _dense(q, k, v, look_back, look_ahead, key_mask, scale):
 
 def _dense_per_head(q, k, v, allowed, scale):
     """Dense float64 attention of ``(B, T, H, d)`` heads, head ``h`` under
-    its own boolean ``(T, S)`` pattern ``allowed[h]``; a query that sees no
-    key gets zeros."""
+    its own boolean ``(T, S)`` (or per-example ``(B, T, S)``) pattern
+    ``allowed[h]``; a query that sees no key gets zeros."""
     import torch
 
     refs = []
@@ -353,13 +353,12 @@ def test_native_key_intervals_equal_dense_reference(tile, d, pack, padded):
     if valid is not None:
         allowed = allowed & valid[:, None, :]
     qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
-    scores = torch.einsum("nthd,nshd->nhts", qd, kd) * scale
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
-    ref = torch.einsum("nhts,nshd->nthd", probs, vd)
+    ref = _dense_per_head(qd, kd, vd, [allowed] * H, scale)
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     seen = allowed.any(-1)  # (N, T)
-    ref_lse = torch.logsumexp(scores, dim=-1).transpose(1, 2)  # (N, T, H)
+    scores = torch.einsum("nthd,nshd->nhts", qd, kd) * scale
+    ref_lse = torch.logsumexp(scores.masked_fill(~allowed[:, None], float("-inf")),
+                              dim=-1).transpose(1, 2)  # (N, T, H)
     np.testing.assert_allclose(lse[seen].numpy(), ref_lse[seen].detach().numpy(), rtol=1e-5,
                                atol=1e-5)
     assert (lse[~seen] < -1e29).all() and not out[~seen].any()

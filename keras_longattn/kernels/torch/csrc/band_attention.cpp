@@ -137,28 +137,30 @@ struct Scratch {
 // A contiguous (T, d) view of `rows` floats: at(n, t, h) is row t for any n, h.
 inline View local_view(float* rows, int64_t d) { return {rows, 0, d, 0}; }
 
-// Rows [lo, hi) of (sequence n, head h) of x into rows [lo, hi) of `rows`.
-// Rows a page apart defeat the hardware prefetchers: each row's cache lines
-// are requested kAhead rows before they are copied.
+// Rows a page apart defeat the hardware prefetchers: the copies below
+// request each row's cache lines kAhead rows before they copy it.
 constexpr int64_t kAhead = 8;
+template <int write = 0>
 inline void prefetch_row(const float* r, int64_t d) {
-  for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(r + c);
+  for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(r + c, write);
 }
-// Rows [0, T) of the contiguous `rows` into (sequence n, head h) of x.
-inline void store_rows(const float* rows, int64_t T, int64_t d, const View& x, int64_t n,
-                       int64_t h) {
-  for (int64_t t = 0; t < T; ++t) {
-    if (t + kAhead < T)
-      for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(x.at(n, t + kAhead, h) + c, 1);
-    std::memcpy(x.at(n, t, h), rows + t * d, d * sizeof(float));
-  }
-}
+
+// Rows [lo, hi) of (sequence n, head h) of x into rows [lo, hi) of `rows`.
 inline void copy_rows(const View& x, int64_t n, int64_t h, int64_t lo, int64_t hi, int64_t d,
                       float* rows) {
   for (int64_t t = lo; t < std::min(hi, lo + kAhead); ++t) prefetch_row(x.at(n, t, h), d);
   for (int64_t t = lo; t < hi; ++t) {
     if (t + kAhead < hi) prefetch_row(x.at(n, t + kAhead, h), d);
     std::memcpy(rows + t * d, x.at(n, t, h), d * sizeof(float));
+  }
+}
+
+// Rows [0, T) of the contiguous `rows` into (sequence n, head h) of x.
+inline void store_rows(const float* rows, int64_t T, int64_t d, const View& x, int64_t n,
+                       int64_t h) {
+  for (int64_t t = 0; t < T; ++t) {
+    if (t + kAhead < T) prefetch_row<1>(x.at(n, t + kAhead, h), d);
+    std::memcpy(x.at(n, t, h), rows + t * d, d * sizeof(float));
   }
 }
 
@@ -745,7 +747,7 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
       pack_rows(pack, std::max(T, S), d, {&Q, &K, &V, &O, &dO, &dQ, &dK, &dV});
   at::parallel_for(0, band.N * band.H, 1, [&](int64_t begin, int64_t end) {
     Scratch probs(0, tile * padded(width) + 16), dprobs(3, tile * padded(width) + 16);
-    // Packed sequence: q, o, dO, dq (T rows each), then k, v, dk, dv (S rows).
+    // Packed sequence: q, o, dO, dq (T rows each) and k, v, dk, dv (S rows).
     Scratch rows(1, packed ? 4 * (T + S) * d + 16 : 0);
 #if defined(__AVX512F__)
     const bool fast = fast_path(band);
@@ -755,14 +757,18 @@ void band_backward(const at::Tensor& query, const at::Tensor& key, const at::Ten
       const int64_t n = u / band.H, h = u % band.H;
       View q = Q, k = K, v = V, o = O, go = dO, gq = dQ, gk = dK, gv = dV;
       if (packed) {
-        float* base = aligned(rows.data());
-        View* local[8] = {&q, &o, &go, &gq, &k, &v, &gk, &gv};
-        for (int i = 0; i < 8; ++i) {
-          const int64_t length = i < 4 ? T : S;
-          float* at = base + (i < 4 ? i * T : 4 * T + (i - 4) * S) * d;
-          if (i != 3 && i < 6) copy_rows(*local[i], n, h, 0, length, d, at);
-          *local[i] = local_view(at, d);
-        }
+        // Each view in turn gets `length` rows of the buffer, the inputs
+        // copied there, the gradients written there (copied out below).
+        float* at = aligned(rows.data());
+        auto take = [&](View& x, int64_t length, bool input) {
+          if (input) copy_rows(x, n, h, 0, length, d, at);
+          x = local_view(at, d);
+          at += length * d;
+        };
+        for (View* x : {&q, &o, &go}) take(*x, T, true);
+        for (View* x : {&k, &v}) take(*x, S, true);
+        take(gq, T, false);
+        for (View* x : {&gk, &gv}) take(*x, S, false);
       }
       // Key and value gradient rows are zeroed just before the first tile
       // that adds to them (rows [0, zeroed) are), while they are about to be
