@@ -143,6 +143,15 @@ class BackendOps:
         ``dtype``, these lengths and head sizes (None: it can)."""
         return f"no band-attention kernel on the {self.name} backend"
 
+    def band_kernel_variant(self):
+        """Which code :meth:`band_attention` and the pattern kernels run:
+        ``None`` where they run the backend's compiled kernel (or where
+        the backend has none), else a short name of what runs instead
+        (``"flash"``: the flash-kernel calls that stand in on torch when
+        the compiled kernel is switched off or cannot be built).
+        ``last_implementation`` appends it: ``"band_kernel:flash"``."""
+        return None
+
     def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
                        key_mask=None, scale=None, extra_keys=None, extra_values=None,
                        extra_mask=None):

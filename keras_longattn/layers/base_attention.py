@@ -1,12 +1,14 @@
 """The attention-layer contract shared by every mechanism of keras_longattn."""
 
 import dataclasses
+import math
 import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
@@ -231,15 +233,18 @@ class BaseAttention(keras.layers.Layer):
                 f"{type(self).__name__}. Received: implementation={implementation!r}"
             )
         self.implementation = implementation
+        if seed is not None:
+            seed = _non_negative_int("seed", seed)
         self.seed = seed
         if rotary_max_wavelength is not None:
             if (
                 isinstance(rotary_max_wavelength, bool)
                 or not isinstance(rotary_max_wavelength, numbers.Real)
+                or not math.isfinite(rotary_max_wavelength)
                 or rotary_max_wavelength <= 1
             ):
                 raise ValueError(
-                    "`rotary_max_wavelength` must be a number > 1 or None. "
+                    "`rotary_max_wavelength` must be a finite number > 1 or None. "
                     f"Received: rotary_max_wavelength={rotary_max_wavelength!r}"
                 )
             if self.key_dim % 2:
@@ -483,6 +488,21 @@ class BaseAttention(keras.layers.Layer):
         )
         key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
         query_padding = None if query_mask is None else ops.cast(query_mask, "bool")
+        if attention_mask is not None:
+            # A key that the dense mask hides from every query, and a query
+            # that it lets see no key, are padding: they are zeroed below
+            # like positions padded through the padding masks, so that a
+            # NaN there cannot reach a real row through 0 * NaN.
+            attention_mask = ops.cast(attention_mask, "bool")
+            key_padding = la_ops.combine_dense_masks(
+                key_padding, ops.any(attention_mask, axis=1)
+            )
+            query_padding = la_ops.combine_dense_masks(
+                query_padding, ops.any(attention_mask, axis=2)
+            )
+        empty = _empty_call(query, value)
+        if empty:
+            return self._empty_result(query, value, return_attention_scores)
         # Padded positions never reach a real output or gradient, even when
         # their inputs are not finite: they enter the projections as zeros
         # (a masked key's weight is exactly 0, but 0 * NaN is NaN, in the
@@ -519,13 +539,33 @@ class BaseAttention(keras.layers.Layer):
             return out, scores
         return out
 
+    def _empty_result(self, query, value, return_attention_scores):
+        """The result of a call with an empty batch or sequence, computed
+        without any attention path (there is nothing to attend to or
+        from): queries that see no key get a zero attention output, so
+        the output is the output projection of zeros, shaped
+        ``(B, T, output_dim)``; the scores are ``(B, H, T, S)`` zeros."""
+        B, T = query.shape[0], query.shape[1]
+        S = value.shape[1]
+        H = self.num_heads
+        zeros = ops.zeros((B, T, H, self.value_dim), dtype=self.compute_dtype)
+        out = self._output_dense(zeros)
+        self.last_implementation = "empty"
+        if return_attention_scores:
+            return out, ops.zeros((B, H, T, S), dtype=self.compute_dtype)
+        return out
+
     def _dispatch(self, q, k, v, context):
         name = self._select(context)
         if name == "reference":
             result = self._attention_reference(q, k, v, context)
+            ran = name
         else:
-            result = self._implementation_table[name].run(self, q, k, v, context)
-        self.last_implementation = name
+            path = self._implementation_table[name]
+            result = path.run(self, q, k, v, context)
+            variant = path.variant(self, context)
+            ran = name if variant is None else f"{name}:{variant}"
+        self.last_implementation = ran
         return result
 
     def attend(
@@ -804,6 +844,16 @@ def _as_tensor(mask):
     if mask is None or hasattr(mask, "shape"):
         return mask
     return ops.convert_to_tensor(np.asarray(mask))
+
+
+def _empty_call(query, value):
+    """Whether the batch, the query length or the key length is known to
+    be 0 (a static size; TensorFlow graphs with unknown sizes run the
+    attention paths)."""
+    for size in (query.shape[0], query.shape[1], value.shape[1]):
+        if isinstance(size, int) and size == 0:
+            return True
+    return False
 
 
 def _zero_where_not(keep, x):

@@ -80,6 +80,7 @@ class Implementation:
         self.kind = kind
         self.dropout = bool(dropout)
         self._refusal = None
+        self._variant = None
         self.__doc__ = fn.__doc__
 
     def refuses(self, check):
@@ -88,6 +89,21 @@ class Implementation:
         implementation itself, so the decorated name may be reused."""
         self._refusal = check
         return self
+
+    def reports(self, variant):
+        """Decorator: ``variant(layer, context)`` returns None when the path
+        ran the code its name stands for, else a short name of what ran
+        instead, which ``last_implementation`` appends after a colon
+        (``"band_kernel:flash"``). Returns the implementation itself."""
+        self._variant = variant
+        return self
+
+    def variant(self, layer, context):
+        """What :meth:`run` ran for ``context`` beside the path's own code
+        (None: the path's own code)."""
+        if self._variant is None:
+            return None
+        return self._variant(layer, context)
 
     def refusal(self, layer, context):
         """Why this path cannot run ``context`` on ``layer`` (None: it can)."""

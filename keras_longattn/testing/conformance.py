@@ -106,6 +106,10 @@ class AttentionLayerConformance(AttentionLayerProperties):
     #: Property tests run by default (the rest with --run-slow): none here,
     #: the CI subset runs from tests/layers/test_properties.py.
     ci_properties = ()
+    #: The contract properties every layer keeps run from
+    #: tests/layers/test_properties.py (one class per layer), not again for
+    #: each implementation's conformance class.
+    always_in_ci = ()
     compare_with_mha = False
     deterministic = True
     short_length = 37

@@ -30,6 +30,20 @@ What is checked (every test name starts with ``test_prop_``):
   examples (other lengths) share its batch or when padding is appended;
 * NaN or inf in padded key/value positions never reaches a real output or a
   weight gradient;
+* padding is inert on every path: for the ``"reference"`` path and each
+  efficient path that accepts the call, random values and NaN at padded
+  positions (marked by ``value_mask`` alone, by ``value_mask`` and
+  ``query_mask``, by ``key_mask``, or by a dense ``attention_mask``) leave
+  the real outputs as they are with zeros there;
+* an empty batch and an empty sequence give an empty output of the right
+  shape and dtype;
+* causal layers are prefix-consistent: the outputs for a prefix equal the
+  first outputs of the longer sequence (what generation relies on);
+* ``keras.utils.set_random_seed`` makes construction reproducible: two
+  layers made after the same seed (the layer's own seed arguments left at
+  None) give the same outputs;
+* invalid constructor arguments are refused at construction with a
+  ``ValueError`` naming the argument and the value;
 * stored fixtures (``tests/fixtures``, written by
   ``python -m keras_longattn.testing.fixtures``): the same weights and inputs
   give the stored outputs on every backend, and ``.keras`` files saved on
@@ -287,6 +301,16 @@ class AttentionLayerProperties:
     * ``jit_on_jax``: on JAX, run the calls under ``jax.jit`` (one
       compilation per shape; eager JAX compiles every primitive per shape).
       The conformance suite covers the eager calls.
+    * ``couples_queries``: the layer mixes queries with each other (e.g.
+      Nyström's landmarks are means of queries), so a position padded only
+      through ``value_mask`` is a real query that may move real outputs:
+      the padding-inert check then always passes ``query_mask`` too.
+    * ``seed_arguments``: constructor arguments that seed the layer's own
+      random structure; the seed check sets them to None.
+    * ``precision_length``: sequence length of the mixed-precision check
+      (None: :attr:`fixed_length`).
+    * ``invalid_arguments``: constructor argument -> values that must be
+      refused at construction (added to :attr:`BASE_INVALID_ARGUMENTS`).
     """
 
     layer_cls = None
@@ -329,6 +353,31 @@ class AttentionLayerProperties:
     #: run under --run-slow. Lets secondary configurations of a layer share
     #: the CI budget.
     ci_properties = None
+    #: Tests every configuration runs in CI, whatever :attr:`ci_properties`
+    #: says (the contract every layer must keep).
+    always_in_ci = (
+        "test_prop_padding_inert_every_path",
+        "test_prop_empty_inputs",
+        "test_prop_prefix_consistency",
+        "test_prop_seed_reproducible",
+        "test_prop_invalid_arguments",
+        "test_prop_dtype_policy",
+    )
+    couples_queries = False
+    seed_arguments = ("seed",)
+    precision_length = None
+    invalid_arguments = {}
+    #: Arguments every layer refuses at construction (BaseAttention's).
+    BASE_INVALID_ARGUMENTS = {
+        "num_heads": (0, -1, 1.5, "2", True, None),
+        "key_dim": (0, 2.5, "8"),
+        "value_dim": (0, -3, 4.5),
+        "dropout": (1.0, -0.1, float("nan"), "0.1"),
+        "output_shape": (0, (0,), (), "a", 2.7),
+        "implementation": ("nope",),
+        "seed": (-1, 1.5, "a"),
+        "rotary_max_wavelength": (1, 0.5, float("inf"), "x"),
+    }
 
     @pytest.fixture(autouse=True)
     def _property_subset(self, request):
@@ -336,6 +385,8 @@ class AttentionLayerProperties:
         if subset is None or slow_profile():
             return
         name = getattr(request.node, "originalname", None) or request.node.name
+        if name in self.always_in_ci:
+            return
         if name.startswith("test_prop_") and name not in subset:
             pytest.skip("not in this configuration's CI subset: --run-slow")
 
@@ -503,7 +554,7 @@ class AttentionLayerProperties:
         float32 on the same weights (real queries)."""
         if not self.supports_mixed_precision:
             pytest.skip("layer does not support low precision")
-        n = self.fixed_length
+        n = self.precision_length or self.fixed_length
         B = self.batch_size
         rng = np.random.default_rng(5)
         x = self._random(rng, B, n, self.features)
@@ -724,6 +775,185 @@ class AttentionLayerProperties:
                 )
 
         check()
+
+    # ------------------------------------------- padding inert, every path
+    def _path_layer(self, layer, name, shape):
+        """A clone of ``layer`` with ``implementation=name`` and its
+        weights."""
+        config = layer.get_config()
+        config["implementation"] = name
+        clone = type(layer).from_config(config)
+        clone.build(shape, shape)
+        clone.set_weights(layer.get_weights())
+        return clone
+
+    def _padding_cases(self, B, n, rng):
+        """(label, call kwargs, real-query rows) of each way of marking
+        the same padding (self-attention)."""
+        kmask = np.ones((B, n), bool)
+        kmask[0, n - 5 :] = False  # right
+        if B > 1:
+            kmask[1, :3] = False  # left
+            kmask[1, n // 2] = False  # middle
+        cases = []
+        if not self.couples_queries:
+            cases.append(("value_mask", {"value_mask": kmask}, kmask))
+        cases.append(("value_and_query_mask",
+                      {"value_mask": kmask, "query_mask": kmask}, kmask))
+        key_only = {"key_mask": kmask}
+        if self.couples_queries:
+            key_only["query_mask"] = kmask
+        cases.append(("key_mask", key_only, kmask))
+        # Dense mask: the padding, and a fifth of the real pairs hidden too.
+        dense = kmask[:, None, :] & kmask[:, :, None]
+        dense &= rng.random(dense.shape) >= 0.2
+        dense |= np.eye(n, dtype=bool)[None] & kmask[:, :, None]
+        cases.append(("attention_mask", {"attention_mask": dense}, kmask))
+        return cases
+
+    def test_prop_padding_inert_every_path(self):
+        """On the reference path and every efficient path that accepts the
+        call: random values and NaN at padded positions (marked by
+        ``value_mask``, ``value_mask`` + ``query_mask``, ``key_mask`` or a
+        dense ``attention_mask``) leave real outputs as with zeros there."""
+        if not self.supports_padding:
+            pytest.skip("layer does not support padding")
+        self._record("padding_inert_every_path")
+        B, n, F = self.batch_size, max(self.fixed_length, self.min_length + 6), self.features
+        rng = np.random.default_rng(11)
+        keras.utils.set_random_seed(11)
+        base = self.make_layer()
+        x = self._random(rng, B, n, F)
+        base.build(x.shape, x.shape)
+        paths = ("reference",) + tuple(base.implementations)
+        ran = []
+        for i, name in enumerate(paths):
+            layer = self._path_layer(base, name, x.shape)
+            causal = self.modes()[i % len(self.modes())]
+            for label, kwargs, real in self._padding_cases(B, n, rng):
+                kwargs = dict(kwargs, use_causal_mask=causal)
+                clean_x = np.where(real[..., None], x, 0.0).astype("float32")
+                try:
+                    clean = self.call(layer, clean_x, clean_x, **kwargs)
+                except ValueError as error:
+                    message = str(error)
+                    if "cannot run this call" in message or "dense `attention_mask`" in message:
+                        continue  # refused before running: not this path's call
+                    raise
+                ran.append((name, label))
+                for poison in ("random", "nan"):
+                    self._record("padding_inert_every_path")
+                    fill = (
+                        self._random(rng, B, n, F, scale=10.0)
+                        if poison == "random"
+                        else np.full((B, n, F), np.nan, "float32")
+                    )
+                    bad_x = np.where(real[..., None], x, fill).astype("float32")
+                    out = self.call(layer, bad_x, bad_x, **kwargs)
+                    where = f"path={name} mask={label} poison={poison} causal={causal}"
+                    assert np.all(np.isfinite(out[real])), f"{where}: non-finite real output"
+                    err = rel_error(out[real], clean[real])
+                    assert err <= self.invariance_rtol, (
+                        f"{where}: padded positions moved real outputs (relative "
+                        f"error {err:.3g})"
+                    )
+        assert any(name == "reference" for name, _ in ran)
+        if base.implementations:
+            assert any(name != "reference" for name, _ in ran), "no efficient path ran"
+
+    # ------------------------------------------------------- empty inputs
+    def test_prop_empty_inputs(self):
+        """An empty batch and an empty sequence give an empty output of the
+        right shape and dtype, as ``keras.layers.MultiHeadAttention``."""
+        F = self.features
+        for B, T in ((0, self.fixed_length), (self.batch_size, 0)):
+            for causal in self.modes():
+                self._record("empty_inputs")
+                x = np.zeros((B, T, F), "float32")
+                kwargs = {"use_causal_mask": causal}
+                if self.supports_padding:
+                    mask = np.ones((B, T), bool)
+                    kwargs.update(query_mask=mask, value_mask=mask)
+                layer = self.make_layer()
+                out = self.call(layer, x, x, **kwargs)
+                assert out.shape == (B, T, F), (
+                    f"batch {B}, length {T}, causal={causal}: shape {out.shape}"
+                )
+
+    # -------------------------------------------------- prefix consistency
+    def test_prop_prefix_consistency(self):
+        """Causal calls: the outputs for a prefix equal the first outputs of
+        the longer sequence (every prefix length of a few), so a model
+        generates with the function it was trained as."""
+        if not self.supports_causal:
+            pytest.skip("layer has no causal mode")
+        self._record("prefix_consistency")
+        F = self.features
+        n = max(33, 2 * self.min_length)
+        rng = np.random.default_rng(13)
+        x = self._random(rng, self.batch_size, n, F)
+        layer = self.make_layer()
+        whole = self.call(layer, x, x, use_causal_mask=True)
+        for t in sorted({self.min_length, n // 3, n // 2 + 1, n - 1}):
+            if t < self.min_length:
+                continue
+            self._record("prefix_consistency")
+            part = self.call(layer, x[:, :t], x[:, :t], use_causal_mask=True)
+            err = rel_error(part, whole[:, :t])
+            assert err <= self.invariance_rtol, (
+                f"prefix of {t} of {n}: relative error {err:.3g} against the "
+                "first outputs of the whole sequence"
+            )
+
+    # ---------------------------------------------------------- seeding
+    def test_prop_seed_reproducible(self):
+        """Two layers made after ``keras.utils.set_random_seed(s)`` (the
+        layer's own seed arguments None) compute the same outputs: weights
+        and any random structure (hashes, random blocks, features) follow
+        Keras's seed."""
+        self._record("seed_reproducible")
+        F, n = self.features, self.fixed_length
+        x = self._random(np.random.default_rng(17), self.batch_size, n, F)
+        causal = self.modes()[0]
+        overrides = {name: None for name in self.seed_arguments}
+        outputs = []
+        for _ in range(2):
+            keras.utils.set_random_seed(1234)
+            layer = self.make_layer(**overrides)
+            outputs.append(self.call(layer, x, x, use_causal_mask=causal))
+        # Equal up to float rounding (two layers of the same weights may lay
+        # out their work differently); another random structure or other
+        # weights differ by O(1).
+        err = rel_error(outputs[1], outputs[0])
+        assert err <= self.invariance_rtol, (
+            f"the same keras.utils.set_random_seed gave different outputs "
+            f"(relative error {err:.3g})"
+        )
+
+    # -------------------------------------------------------- arguments
+    def test_prop_invalid_arguments(self):
+        """Each invalid constructor argument is refused at construction
+        with a ValueError naming the argument and showing the value."""
+        cases = dict(self.BASE_INVALID_ARGUMENTS)
+        for name, values in self.invalid_arguments.items():
+            cases[name] = tuple(cases.get(name, ())) + tuple(values)
+        problems = []
+        for name, values in cases.items():
+            for value in values:
+                self._record("invalid_arguments")
+                try:
+                    self.make_layer(**{name: value})
+                except ValueError as error:
+                    message = str(error)
+                    if name not in message or repr(value) not in message:
+                        problems.append(
+                            f"{name}={value!r}: the message does not name it: {message[:200]}"
+                        )
+                except Exception as error:  # refused, but not as a ValueError
+                    problems.append(f"{name}={value!r}: {type(error).__name__}: {error}")
+                else:
+                    problems.append(f"{name}={value!r}: accepted")
+        assert not problems, "\n".join(problems)
 
     # ---------------------------------------------- cross-backend fixtures
     def _fixture(self, name):

@@ -1,13 +1,20 @@
 """The Hypothesis property suite (keras_longattn.testing.properties) on
 every layer of the library.
 
-Each property ran against the bugs of issue 12 before they were fixed and
-failed on them (the regression tests of tests/layers/test_reliability.py
-pin each one down).
+Each property ran against the bugs of issues 12 and 36 before they were
+fixed and failed on them (the regression tests of
+tests/layers/test_reliability.py and the layers' own reliability files pin
+each one down). The contract checks of
+``AttentionLayerProperties.always_in_ci`` (padding inert on every path and
+mask kind, empty inputs, prefix consistency, seeding, argument checks,
+mixed precision) run in CI for one configuration of each of the thirteen
+layers; a secondary configuration of a layer runs the ones its options
+change (``SECONDARY``).
 """
 
 import keras
 
+from keras_longattn.layers import AdaMRAAttention
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import LinformerAttention
@@ -27,6 +34,12 @@ FIXTURES = ("test_prop_fixture_outputs", "test_prop_keras_file_from_backend")
 FEWER = {"reference": 2, "invariance": 1, "nonfinite": 1, "large": 2}
 
 BACKEND = keras.backend.backend()
+#: The contract checks a secondary configuration of a layer runs in CI
+#: (construction-time checks and seeding run once per layer class).
+SECONDARY = ("test_prop_padding_inert_every_path", "test_prop_prefix_consistency",
+             "test_prop_empty_inputs")
+#: Bad values of the epsilon of the kernelized layers.
+BAD_EPSILON = (float("inf"), float("nan"), -1.0, "1e-6")
 
 
 class TestFullAttentionProperties(AttentionLayerProperties):
@@ -41,6 +54,7 @@ class TestLocalAttentionProperties(AttentionLayerProperties):
     layer_cls = LocalAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "window": 5}
     fixture_cases = ("local_cross",)
+    invalid_arguments = {"window": (0, -1, 2.5, "a"), "block_size": (0, -4, 1.5)}
 
 
 class TestSparseStridedDefaultProperties(AttentionLayerProperties):
@@ -48,6 +62,8 @@ class TestSparseStridedDefaultProperties(AttentionLayerProperties):
 
     layer_cls = SparseAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "pattern": "strided"}
+    invalid_arguments = {"pattern": ("diagonal",), "block_length": (0, -1, 1.5),
+                         "combination": ("both",)}
 
 
 class TestSparseStridedProperties(AttentionLayerProperties):
@@ -56,6 +72,7 @@ class TestSparseStridedProperties(AttentionLayerProperties):
     fixture_cases = ("sparse_strided_causal",)
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding") + FIXTURES
     property_examples = FEWER
+    always_in_ci = SECONDARY
 
 
 class TestSparseFixedDefaultProperties(AttentionLayerProperties):
@@ -67,6 +84,7 @@ class TestSparseFixedDefaultProperties(AttentionLayerProperties):
     fixture_cases = ("sparse_fixed_default",)
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition") + FIXTURES
     property_examples = FEWER
+    always_in_ci = SECONDARY
 
 
 class TestSparseFixedProperties(AttentionLayerProperties):
@@ -76,6 +94,7 @@ class TestSparseFixedProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_large_inputs_finite",
                      "test_prop_projection_shapes")
     property_examples = FEWER
+    always_in_ci = SECONDARY
 
 
 class TestRoutingAttentionProperties(AttentionLayerProperties):
@@ -85,11 +104,17 @@ class TestRoutingAttentionProperties(AttentionLayerProperties):
     layer_cls = RoutingAttention
     init_kwargs = {"num_heads": 2, "key_dim": 8, "num_clusters": 3, "local_heads": 1}
     min_length = 3  # balanced routing: num_clusters <= the padded length
+    # Routing places tokens by their clusters (balanced clusters of equal
+    # size, sorted chunks): a position padded only through value_mask is a
+    # real query and takes a place (docs/guides/routing_attention.md).
+    couples_queries = True
     # Balanced routing is discrete: bfloat16 projections move tokens across
     # clusters (relative error ~0.6 against float32), so bfloat16 is checked
     # for dtype and finiteness only.
     precision_rtol = {"float16": 2e-2, "bfloat16": None}
     fixture_cases = ("routing_balanced_repeated", "routing_token_causal", "routing_ties")
+    invalid_arguments = {"num_clusters": (0, 1.5), "ema_decay": (1.5, -0.1, float("nan")),
+                         "local_heads": (-1, 3), "causal_routing": ("x",)}
 
 
 class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
@@ -97,11 +122,13 @@ class TestRoutingAttentionSharedQKProperties(AttentionLayerProperties):
     init_kwargs = {"num_heads": 2, "key_dim": 8, "num_clusters": 3, "shared_qk": True}
     supports_cross_attention = False
     min_length = 3
+    couples_queries = True  # as above
     precision_rtol = {"float16": 2e-2, "bfloat16": None}
     fixture_cases = ("routing_shared_qk",)
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding") + FIXTURES
     property_examples = FEWER
+    always_in_ci = SECONDARY
 
 
 class TestLinformerProperties(AttentionLayerProperties):
@@ -117,6 +144,7 @@ class TestLinformerProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_dynamic_length")
     property_examples = FEWER
+    invalid_arguments = {"k": (0, -2, 1.5), "max_length": (0, 2.5), "sharing": ("x",)}
 
 
 class TestSynthesizerProperties(AttentionLayerProperties):
@@ -139,6 +167,9 @@ class TestLongformerAttentionProperties(AttentionLayerProperties):
                    "global_tokens": 1}
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding")
     property_examples = FEWER
+    invalid_arguments = {"kind": ("x",), "max_length": (0, -1), "rank": (0, 1.5)}
+    invalid_arguments = {"window": (-1, 2.5), "dilation": (0, -1), "global_tokens": (-1,),
+                         "max_global": (0,)}
 
 
 class TestBigBirdAttentionProperties(AttentionLayerProperties):
@@ -153,6 +184,8 @@ class TestBigBirdAttentionProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_dynamic_length")
     property_examples = FEWER
+    invalid_arguments = {"block_size": (0, 1.5), "random_blocks": (-1,),
+                         "global_blocks": (-1,)}
 
 
 class TestNystromProperties(AttentionLayerProperties):
@@ -170,6 +203,10 @@ class TestNystromProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_batch_composition", "test_prop_dynamic_length")
     property_examples = FEWER
+    # Landmarks are means of queries: a position padded only through
+    # value_mask is a real query (docs/guides/nystrom_attention.md).
+    couples_queries = True
+    invalid_arguments = {"num_landmarks": (0, -1, 1.5), "pinv_iterations": (-1, 1.5)}
 
 
 class TestLSHAttentionProperties(AttentionLayerProperties):
@@ -186,6 +223,9 @@ class TestLSHAttentionProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_batch_composition")
     property_examples = FEWER
+    seed_arguments = ("seed", "hash_seed")
+    invalid_arguments = {"bucket_size": (0, -1, 1.5), "num_hashes": (0, 1.5),
+                         "num_buckets": (0, 1.5), "hash_seed": (-1, 1.5, "a")}
 
 
 class TestLSHAttentionFixedBucketsProperties(AttentionLayerProperties):
@@ -197,6 +237,7 @@ class TestLSHAttentionFixedBucketsProperties(AttentionLayerProperties):
     supports_cross_attention = False
     ci_properties = ("test_prop_matches_reference", "test_prop_dynamic_length")
     property_examples = FEWER
+    always_in_ci = SECONDARY
 
 
 class TestLinearAttentionProperties(AttentionLayerProperties):
@@ -209,6 +250,8 @@ class TestLinearAttentionProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_nonfinite_padding",
                      "test_prop_large_inputs_finite", "test_prop_dynamic_length")
     property_examples = FEWER
+    invalid_arguments = {"epsilon": BAD_EPSILON, "chunk_size": (0, -1, 1.5),
+                         "feature_map": ("x",)}
 
 
 class TestPerformerAttentionProperties(AttentionLayerProperties):
@@ -221,3 +264,23 @@ class TestPerformerAttentionProperties(AttentionLayerProperties):
     ci_properties = ("test_prop_matches_reference", "test_prop_batch_composition",
                      "test_prop_nonfinite_padding", "test_prop_dtype_policy")
     property_examples = FEWER
+    invalid_arguments = {"epsilon": BAD_EPSILON, "num_features": (0, -1, 1.5),
+                         "chunk_size": (0,), "feature_redraw_interval": (0, 1.5)}
+
+
+class TestAdaMRAProperties(AttentionLayerProperties):
+    """The paper's layer (kernelized attention, learned routing), rates 1/2
+    and 1/3, two subheads. The conformance classes of
+    tests/layers/test_adamra_attention.py run the other properties."""
+
+    layer_cls = AdaMRAAttention
+    init_kwargs = {"num_heads": 2, "key_dim": 8, "compression_rates": (1 / 2, 1 / 3),
+                   "num_subheads": 2}
+    exact = False
+    supports_causal = False
+    # Landmarks are segment means of queries and keys.
+    couples_queries = True
+    ci_properties = ()
+    invalid_arguments = {"epsilon": BAD_EPSILON, "num_subheads": (0, 1.5),
+                         "compression_rates": ((0.0,), (1.5,), ()),
+                         "feature_map": ("x",), "routing": ("x",), "attention": ("x",)}

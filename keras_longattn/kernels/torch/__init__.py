@@ -128,6 +128,11 @@ class TorchOps(BackendOps):
 
         return band.refusal(dtype, query_length, key_length, key_dim, value_dim)
 
+    def band_kernel_variant(self):
+        from keras_longattn.kernels.torch import native
+
+        return None if native.band_ops() is not None else "flash"
+
     def band_attention(self, q, k, v, look_back, look_ahead, block_size=None,
                        key_mask=None, scale=None, extra_keys=None, extra_values=None,
                        extra_mask=None):
