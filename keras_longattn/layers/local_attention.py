@@ -142,6 +142,11 @@ class LocalAttention(BaseAttention):
             self.key_dim, self.value_dim or self.key_dim,
         )
 
+    @_band_kernel.reports
+    def _band_kernel(self, context):
+        # "band_kernel:flash" where the compiled kernel did not run.
+        return backend_ops().band_kernel_variant()
+
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same blocks through ``keras.ops.dot_product_attention``."""

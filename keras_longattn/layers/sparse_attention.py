@@ -327,6 +327,11 @@ class SparseAttention(BaseAttention):
             self.key_dim, self.value_dim,
         )
 
+    @_band_kernel.reports
+    def _band_kernel(self, context):
+        # "band_kernel:flash" where the compiled kernel did not run.
+        return la_backend_ops().band_kernel_variant()
+
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``."""
