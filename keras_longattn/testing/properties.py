@@ -309,6 +309,8 @@ class AttentionLayerProperties:
       random structure; the seed check sets them to None.
     * ``precision_length``: sequence length of the mixed-precision check
       (None: :attr:`fixed_length`).
+    * ``seed_length``: sequence length of the seeding check (None:
+      :attr:`fixed_length`).
     * ``invalid_arguments``: constructor argument -> values that must be
       refused at construction (added to :attr:`BASE_INVALID_ARGUMENTS`).
     """
@@ -366,6 +368,9 @@ class AttentionLayerProperties:
     couples_queries = False
     seed_arguments = ("seed",)
     precision_length = None
+    #: Sequence length of the seeding check (None: :attr:`fixed_length`):
+    #: long enough that the random structure matters.
+    seed_length = None
     invalid_arguments = {}
     #: Arguments every layer refuses at construction (BaseAttention's).
     BASE_INVALID_ARGUMENTS = {
@@ -894,7 +899,7 @@ class AttentionLayerProperties:
         x = self._random(rng, self.batch_size, n, F)
         layer = self.make_layer()
         whole = self.call(layer, x, x, use_causal_mask=True)
-        for t in sorted({self.min_length, n // 3, n // 2 + 1, n - 1}):
+        for t in sorted({max(self.min_length, n // 3), n - 1}):
             if t < self.min_length:
                 continue
             self._record("prefix_consistency")
@@ -912,7 +917,7 @@ class AttentionLayerProperties:
         and any random structure (hashes, random blocks, features) follow
         Keras's seed."""
         self._record("seed_reproducible")
-        F, n = self.features, self.fixed_length
+        F, n = self.features, self.seed_length or self.fixed_length
         x = self._random(np.random.default_rng(17), self.batch_size, n, F)
         causal = self.modes()[0]
         overrides = {name: None for name in self.seed_arguments}
