@@ -1,6 +1,7 @@
 """Argument checks shared by the layers and ops: each error names the
 argument and the value received."""
 
+import math
 import numbers
 
 
@@ -33,3 +34,39 @@ def length_within(what, length, max_length, holder):
             f"take (max_length={max_length}). Received: {what} length {length} > "
             f"max_length={max_length}"
         )
+
+
+def positive_finite_float(name, value):
+    """``value`` as a float that is finite and > 0 (bools, strings, NaN,
+    infinities, zero, negatives and numbers beyond the float range are
+    refused)."""
+    number = None
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = None
+    if number is None or not math.isfinite(number) or not number > 0.0:
+        raise ValueError(
+            f"`{name}` must be a finite number > 0. Received: {name}={value!r}"
+        )
+    return number
+
+
+def optional_seed(name, value, upper=None):
+    """``value`` as an int >= 0 (below ``upper`` when given), or None.
+    Bools, floats (even integral ones) and strings are refused."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < 0
+        or (upper is not None and value >= upper)
+    ):
+        bound = "" if upper is None else f" below {upper}"
+        raise ValueError(
+            f"`{name}` must be None or a non-negative integer{bound}. "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)

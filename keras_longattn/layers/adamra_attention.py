@@ -2,11 +2,10 @@
 that attend to keys compressed at different rates, a router that sends
 each query to one head, and kernelized attention, linear in the length."""
 
-import numbers
-
 import keras
 from keras import ops
 
+from keras_longattn._validation import optional_seed as _optional_seed
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers._head_kernel import HeadKernel
@@ -51,7 +50,9 @@ class AdaMRAAttention(BaseAttention):
     are all zero, and so is its normaliser. The layer divides by
     ``max(normaliser, epsilon)``: such a query gets a zero attention output
     (the output projection's bias after ``W_O``) with finite gradients.
-    Features and sums are computed in float32 under mixed precision.
+    On the ``"kernel"`` path the landmarks, features and sums are computed
+    in float32 under mixed precision, and the heads' output is cast back to
+    the compute dtype.
 
     **Cost.** The ``"kernel"`` path computes every head's landmarks with one
     segment sum over all heads, each subhead's ``(F, dv)`` summary
@@ -90,7 +91,8 @@ class AdaMRAAttention(BaseAttention):
         num_heads: number of heads (resolutions).
         key_dim: size of each head for query and key.
         value_dim: size of each head for value. Defaults to ``key_dim``.
-        compression_rates: one rate in (0, 1] per head. Defaults to
+        compression_rates: one rate in ``[1/10000, 1]`` per head (read as
+            a fraction of denominator at most 10000). Defaults to
             ``(1/2, 1/4, ..., 1/2**num_heads)`` (the paper's choice for four
             heads).
         num_subheads: subheads per head; must divide ``key_dim`` and
@@ -98,11 +100,12 @@ class AdaMRAAttention(BaseAttention):
         feature_map: ``"relu"`` (the paper) or ``"elu+1"``.
         routing: ``"learned"`` (the router), ``"random"`` or ``"all"``.
         attention: ``"kernel"`` (the paper) or ``"softmax"``.
-        epsilon: smallest normaliser of kernelized attention. Defaults to
-            1e-6.
+        epsilon: smallest normaliser of kernelized attention, a finite
+            number > 0. Defaults to 1e-6.
         **kwargs: the arguments of :class:`BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, ``implementation``). ``seed``
-            also seeds ``routing="random"`` (0 when None).
+            (None or a non-negative integer, checked at construction) also
+            seeds ``routing="random"`` (0 when None).
 
     Example:
 
@@ -145,6 +148,8 @@ class AdaMRAAttention(BaseAttention):
         epsilon=kernelized.DEFAULT_EPSILON,
         **kwargs,
     ):
+        if "seed" in kwargs:
+            kwargs["seed"] = _optional_seed("seed", kwargs["seed"])
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         if compression_rates is None:
             compression_rates = adamra_ops.default_compression_rates(self.num_heads)
@@ -171,15 +176,7 @@ class AdaMRAAttention(BaseAttention):
                 f"Received: attention={attention!r}"
             )
         self.attention = attention
-        if (
-            isinstance(epsilon, bool)
-            or not isinstance(epsilon, numbers.Real)
-            or not float(epsilon) > 0.0
-        ):
-            raise ValueError(
-                f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}"
-            )
-        self.epsilon = float(epsilon)
+        self.epsilon = kernelized.check_epsilon(epsilon)
         if attention == "kernel" and self.dropout > 0.0:
             raise ValueError(
                 "Kernelized attention never forms attention weights, so there "
@@ -292,10 +289,17 @@ class AdaMRAAttention(BaseAttention):
     # -------------------------------------------------------- efficient paths
     @implementation("kernel", dropout=False)
     def _kernel(self, query, key, value, context):
-        """Kernelized attention over the landmarks, associative form."""
-        k_land, v_land, counts = self.landmarks(key, value, context.padding.key_mask)
+        """Kernelized attention over the landmarks, associative form. The
+        landmarks, the features and the sums are float32 under every dtype
+        policy (as on the reference path)."""
+        k_land, v_land, counts = self.landmarks(
+            ops.cast(key, "float32"), ops.cast(value, "float32"),
+            context.padding.key_mask,
+        )
         out = kernelized.kernel_attention(
-            kernelized.feature_map(self._subheads(query), self.feature_map),
+            kernelized.feature_map(
+                ops.cast(self._subheads(query), "float32"), self.feature_map
+            ),
             kernelized.feature_map(self._subheads(k_land), self.feature_map),
             self._subheads(v_land),
             key_mask=self._landmark_valid(counts),

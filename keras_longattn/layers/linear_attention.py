@@ -1,8 +1,6 @@
 """Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"):
 a positive feature map in place of the softmax, linear in the length."""
 
-import numbers
-
 import keras
 from keras import ops
 
@@ -11,19 +9,6 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import shapes
-
-
-def check_epsilon(epsilon):
-    """``epsilon`` as a positive float, else a ValueError naming it."""
-    if (
-        isinstance(epsilon, bool)
-        or not isinstance(epsilon, numbers.Real)
-        or not float(epsilon) > 0.0
-    ):
-        raise ValueError(
-            f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}"
-        )
-    return float(epsilon)
 
 
 #: Why ``"kernel_fused"`` refuses a call on a backend without the entry.
@@ -119,9 +104,10 @@ class LinearAttention(BaseAttention):
         key_dim: size of each head for query and key (the feature count).
         value_dim: size of each head for value. Defaults to ``key_dim``.
         feature_map: ``"elu+1"`` (the paper) or ``"relu"``.
-        chunk_size: positions per chunk of the causal prefix sums. Defaults
-            to 64.
-        epsilon: smallest normaliser. Defaults to 1e-6.
+        chunk_size: positions per chunk of the causal prefix sums (a
+            positive integer). Defaults to 64.
+        epsilon: smallest normaliser, a finite number > 0. Defaults to
+            1e-6.
         **kwargs: the arguments of :class:`BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, ``implementation``).
 
@@ -158,7 +144,7 @@ class LinearAttention(BaseAttention):
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         self.feature_map = kernelized.check_feature_map(feature_map)
         self.chunk_size = kernelized.check_chunk_size(chunk_size)
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = kernelized.check_epsilon(epsilon)
         refuse_dropout(self)
 
     def features(self, x):

@@ -5,12 +5,12 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_longattn._validation import optional_seed as _optional_seed
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.layers.linear_attention import NO_FUSED_KERNEL
-from keras_longattn.layers.linear_attention import check_epsilon
 from keras_longattn.layers.linear_attention import fused_kernelized
 from keras_longattn.layers.linear_attention import fused_head_slices
 from keras_longattn.layers.linear_attention import refuse_dropout
@@ -21,6 +21,8 @@ from keras_longattn.ops import performer as performer_ops
 DEFAULT_NUM_FEATURES = 256
 #: Seeds of the redraws: draw ``r`` uses the seed pair ``(seed, r * _STRIDE)``.
 _STRIDE = 1000
+#: Seeds are below this bound: a redraw puts the seed in an int32 tensor.
+SEED_BOUND = 2**31
 
 
 class RandomFeatures(keras.layers.Layer):
@@ -170,13 +172,16 @@ class PerformerAttention(BaseAttention):
         num_heads: number of attention heads.
         key_dim: size of each head for query and key.
         value_dim: size of each head for value. Defaults to ``key_dim``.
-        num_features: random features ``m`` (>= 1). Defaults to 256.
+        num_features: random features ``m`` (a positive integer). Defaults
+            to 256.
         feature_redraw_interval: redraw ``W`` every this many training
-            calls, or None (fixed). Defaults to None.
-        chunk_size: positions per chunk of the causal prefix sums. Defaults
-            to 64.
-        epsilon: smallest normaliser. Defaults to 1e-6.
-        **kwargs: the arguments of :class:`BaseAttention`; ``seed`` seeds
+            calls (a positive integer), or None (fixed). Defaults to None.
+        chunk_size: positions per chunk of the causal prefix sums (a
+            positive integer). Defaults to 64.
+        epsilon: smallest normaliser, a finite number > 0. Defaults to
+            1e-6.
+        **kwargs: the arguments of :class:`BaseAttention`; ``seed`` (None
+            or an integer in ``[0, 2**31)``, checked at construction) seeds
             the random features.
 
     Example:
@@ -212,15 +217,17 @@ class PerformerAttention(BaseAttention):
         epsilon=kernelized.DEFAULT_EPSILON,
         **kwargs,
     ):
-        if kwargs.get("seed") is None:
-            kwargs["seed"] = int(np.random.randint(0, 2**30))
+        seed = _optional_seed("seed", kwargs.get("seed"), upper=SEED_BOUND)
+        if seed is None:
+            seed = int(np.random.randint(0, 2**30))
+        kwargs["seed"] = seed
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         self.num_features = _positive_int("num_features", num_features)
         self.feature_redraw_interval = _positive_int(
             "feature_redraw_interval", feature_redraw_interval, allow_none=True
         )
         self.chunk_size = kernelized.check_chunk_size(chunk_size)
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = kernelized.check_epsilon(epsilon)
         refuse_dropout(self)
         self.random_features = None
 

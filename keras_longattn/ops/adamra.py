@@ -34,8 +34,9 @@ _PRIME = 32749
 
 
 def check_compression_rates(rates, num_heads):
-    """The rates as a tuple of floats in (0, 1], one per head, else a
-    ValueError naming ``compression_rates`` and the value received."""
+    """The rates as a tuple of floats in ``[1 / MAX_RATE_DENOMINATOR, 1]``,
+    one per head, else a ValueError naming ``compression_rates`` and the
+    value received."""
     try:
         values = tuple(rates)
     except TypeError:
@@ -57,6 +58,13 @@ def check_compression_rates(rates, num_heads):
         raise ValueError(
             f"`compression_rates` must have one rate per head ({num_heads} "
             f"heads). Received: compression_rates={rates!r}"
+        )
+    if any(c < 1.0 / MAX_RATE_DENOMINATOR for c in values):
+        raise ValueError(
+            "`compression_rates` must be at least "
+            f"1/{MAX_RATE_DENOMINATOR} (each rate is read as a fraction of "
+            f"denominator at most {MAX_RATE_DENOMINATOR}: a smaller one could "
+            f"read as 0). Received: compression_rates={rates!r}"
         )
     return tuple(float(c) for c in values)
 

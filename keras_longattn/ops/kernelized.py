@@ -32,6 +32,8 @@ per head, dv value head size, C chunk size, N chunks.
 
 from keras import ops
 
+from keras_longattn._validation import positive_finite_float
+from keras_longattn._validation import positive_int
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.segments import dims
 from keras_longattn.ops.shapes import ceil_div
@@ -52,16 +54,14 @@ DEFAULT_CHUNK_SIZE = 64
 
 def check_chunk_size(chunk_size):
     """``chunk_size`` as an int >= 1, else a ValueError naming it."""
-    if (
-        isinstance(chunk_size, bool)
-        or not isinstance(chunk_size, int)
-        or chunk_size < 1
-    ):
-        raise ValueError(
-            "`chunk_size` must be a positive integer. "
-            f"Received: chunk_size={chunk_size!r}"
-        )
-    return int(chunk_size)
+    return positive_int("chunk_size", chunk_size)
+
+
+def check_epsilon(epsilon):
+    """``epsilon`` as a finite float > 0, else a ValueError naming it (an
+    infinite ``epsilon`` would divide every output to zero, a NaN would
+    make every output NaN)."""
+    return positive_finite_float("epsilon", epsilon)
 
 
 def check_feature_map(name):
@@ -85,7 +85,9 @@ def feature_map(x, name="relu"):
 
 
 def safe_denominator(normaliser, epsilon=DEFAULT_EPSILON):
-    """``max(normaliser, epsilon)``: the divisor of kernelized attention."""
+    """``max(normaliser, epsilon)``: the divisor of kernelized attention
+    (``epsilon`` checked by :func:`check_epsilon`)."""
+    epsilon = check_epsilon(epsilon)
     return ops.maximum(normaliser, ops.cast(epsilon, normaliser.dtype))
 
 
@@ -242,8 +244,8 @@ def causal_kernel_attention(
         key_features: non-negative ``(B, S, H, F)``.
         value: ``(B, S, H, dv)``.
         key_mask: optional boolean ``(B, S)`` or ``(B, S, H)``.
-        chunk_size: positions per chunk (>= 1); capped at ``L`` when the
-            lengths are static.
+        chunk_size: positions per chunk (>= 1); capped at ``max(L, 1)``
+            when the lengths are static.
         epsilon: smallest divisor.
 
     Returns:
@@ -259,7 +261,7 @@ def causal_kernel_attention(
     S = length(kf, 1)
     dv = v.shape[-1]
     L = larger(T, S)
-    C = min(chunk_size, L) if is_static(L) else chunk_size
+    C = max(1, min(chunk_size, L)) if is_static(L) else chunk_size
     N = ceil_div(L, C)
     padded = N * C
     # Head-major chunks; the ones column of the values carries the

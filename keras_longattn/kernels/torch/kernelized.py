@@ -37,6 +37,7 @@ import torch.nn.functional as nnf
 from keras_longattn.ops.kernelized import DEFAULT_CHUNK_SIZE
 from keras_longattn.ops.kernelized import DEFAULT_EPSILON
 from keras_longattn.ops.kernelized import check_chunk_size
+from keras_longattn.ops.kernelized import check_epsilon
 
 
 def _to_chunks(x, padded, chunk, head_major=False):
@@ -114,7 +115,7 @@ class _CausalKernelAttention(torch.autograd.Function):
         T = qf.shape[2 if head_major else 1]
         F = qf.shape[-1]
         L = max(T, S)
-        C = min(chunk, L)
+        C = max(1, min(chunk, L))
         N = -(-L // C)
         padded = N * C
         q = _to_chunks(qf, padded, C, head_major)  # (G, C, F)
@@ -219,13 +220,30 @@ class _KernelAttention(torch.autograd.Function):
         g_v = torch.bmm(k, g_kv)
 
         def back(x, n, head_major=False):
-            x = x.view(B, H, n, -1)
+            x = x.view(B, H, n, x.shape[-1])
             return x if head_major else x.transpose(1, 2)
 
         return (
             back(g_q, T, head_major), back(g_k, S, head_major), back(g_v, S),
             None, None,
         )
+
+
+def _output_is_empty(qf, value, head_major):
+    """Whether the ``(B, T, H, D)`` output has no element."""
+    B, _, H, D = value.shape
+    return B * qf.shape[2 if head_major else 1] * H * D == 0
+
+
+def _empty_output(qf, kf, value, head_major):
+    """The empty ``(B, T, H, D)`` output (dtype of ``value``) of a call
+    with no batch, query, head or value column, tied to the inputs so that
+    a backward pass through it gives them zero gradients (the chunked
+    kernels cannot reshape empty tensors)."""
+    B, _, H, D = value.shape
+    T = qf.shape[2 if head_major else 1]
+    tie = (qf.sum() + kf.sum() + value.sum()) * 0
+    return value.new_zeros((B, T, H, D)) + tie.to(value.dtype)
 
 
 def _eager(fn):
@@ -259,11 +277,14 @@ def causal_kernel_attention(
         ``(B, T, H, D)`` in the dtype of ``value``.
     """
     chunk_size = check_chunk_size(chunk_size)
+    epsilon = check_epsilon(epsilon)
     dtype = value.dtype
     qf = query_features.float()
+    if _output_is_empty(qf, value, head_major):
+        return _empty_output(qf, key_features, value, head_major)
     kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
     out = _CausalKernelAttention.apply(
-        qf, kf, v, chunk_size, float(epsilon), bool(head_major)
+        qf, kf, v, chunk_size, epsilon, bool(head_major)
     )
     return out.to(dtype)
 
@@ -276,10 +297,13 @@ def kernel_attention(
     """:func:`keras_longattn.ops.kernelized.kernel_attention` with a
     written-out backward pass (same arguments; torch tensors; features
     ``(B, H, n, F)`` when ``head_major``)."""
+    epsilon = check_epsilon(epsilon)
     dtype = value.dtype
     qf = query_features.float()
+    if _output_is_empty(qf, value, head_major):
+        return _empty_output(qf, key_features, value, head_major)
     kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
-    return _KernelAttention.apply(qf, kf, v, float(epsilon), bool(head_major)).to(dtype)
+    return _KernelAttention.apply(qf, kf, v, epsilon, bool(head_major)).to(dtype)
 
 
 def associative_attention(
@@ -378,6 +402,13 @@ def softmax_kernel_features(
         float32 ``(B, n, H, m)``, or ``(B, H, n, m)`` when ``head_major``
         (the layout the attention functions take with ``head_major``).
     """
+    B, n, H, _ = x.shape
+    if B * n * H == 0:
+        # No position: empty features, tied to the inputs for backward.
+        m = projection.shape[0]
+        shape = (B, H, n, m) if head_major else (B, n, H, m)
+        tie = (x.float().sum() + projection.float().sum()) * 0
+        return torch.zeros(shape, dtype=torch.float32, device=x.device) + tie
     keep = None if mask is None else mask.to(torch.bool)
     return _SoftmaxKernelFeatures.apply(
         x.float(), projection.float(), bool(is_query), bool(causal), keep,
