@@ -3,18 +3,24 @@ hashed by random rotations, exact attention inside sorted chunks of each
 bucket, several hashing rounds combined by their log-sum-exps."""
 
 import numbers
+import random
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_longattn import ops as la_ops
+from keras_longattn._validation import optional_seed as _optional_seed
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import lsh as lsh_ops
+
+#: Seeds are below this bound: calls with ``training=True`` put the seed in
+#: an int32 tensor (PyTorch refuses larger ones, JAX those of 2**32 and up).
+SEED_BOUND = 2**31
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -29,12 +35,24 @@ class LSHAttention(BaseAttention):
 
     **Hashing.** Round ``r`` draws a random rotation ``R_r`` ``(key_dim,
     c)`` per head; a token's bucket is ``argmax([x R_r, -x R_r])`` of its
-    query ``x``, one of ``2c`` buckets. The number of buckets of an example
-    is ``num_buckets``, or when None ``2 * ceil(n_real / (2 *
-    bucket_size))`` of its real length (padding excluded), so that buckets
-    hold ``bucket_size`` tokens on average and an example's buckets do not
-    depend on the padding of its batch (its rotation is the leading ``c``
-    columns of one seeded draw).
+    query ``x``, one of ``2c`` buckets. The products and the argmax are
+    float32 whatever the compute dtype (the queries are cast up for hashing
+    only).
+
+    **Number of buckets.** ``num_buckets``, or when None ``2 * ceil(n / (2
+    * bucket_size))`` of the sequence length ``n`` the layer is built with
+    (or of its first call with a known length, when built without one),
+    fixed from then on for every call and reported by ``get_config``. The
+    bucket count is part of the hash function: a length-dependent count
+    would hash the same tokens differently in sequences of different
+    lengths, so a causal output would depend on the tokens after it
+    (through their number) and a model would run with other buckets than
+    it was trained with. With one count for every call, a causal call's
+    outputs for a prefix equal the first outputs of the longer sequence,
+    and an example's outputs do not depend on the padding of its batch.
+    Buckets hold about ``bucket_size`` tokens at the build length and more
+    at longer lengths (each token still attends to at most two chunks of
+    its bucket).
 
     **Attention.** Per round, tokens are sorted by (bucket, position) and
     cut into chunks of ``bucket_size`` members aligned per bucket; a token
@@ -48,15 +66,19 @@ class LSHAttention(BaseAttention):
 
     **Random rotations.** Drawn with NumPy from ``hash_seed`` (fixed per
     layer, stored in the config, so a saved model hashes the same way).
-    With ``redraw_in_training=True`` (default), calls with
+    ``hash_seed=None`` draws the seed at construction from Python's
+    ``random`` module (as Keras's own default seeds), so
+    ``keras.utils.set_random_seed`` makes it reproducible; the drawn value
+    is stored. With ``redraw_in_training=True`` (default), calls with
     ``training=True`` draw fresh rotations every call instead (the
     Reformer's training), from a seed generator seeded by ``hash_seed``.
 
-    **Cost.** ``"hashed"``: hashing O(R * n * c * d) (``c ~ n / (2 *
-    bucket_size)`` when derived), two sorts of ``n`` per round and head,
-    and ``bucket_size x 2 bucket_size`` score blocks over a buffer of at
-    most ``n + 2c * bucket_size`` slots: time and memory
-    O(R * n * bucket_size) for the attention, no ``n x n`` tensor. All
+    **Cost.** ``"hashed"``: hashing O(R * n * c * d) (``c = num_buckets /
+    2``), two sorts of ``n`` per round and head, and ``bucket_size x 2
+    bucket_size`` score blocks over a buffer of at most ``n + 2c *
+    bucket_size`` slots (``2c * bucket_size`` is about the build length
+    when the count is derived): time and memory O(R * (n + 2c *
+    bucket_size) * bucket_size) for the attention, no ``n x n`` tensor. All
     rounds run as one batch of ``R * H`` heads. ``"hashed_torch"`` (PyTorch
     only, preferred by ``"auto"`` there): the same attention with every
     chunk of every round in PyTorch's flash attention kernel (which returns
@@ -69,15 +91,19 @@ class LSHAttention(BaseAttention):
         num_heads: number of attention heads.
         key_dim: size of each head for query and key.
         value_dim: size of each head for value. Defaults to ``key_dim``.
-        bucket_size: members per chunk, the average bucket size when the
-            number of buckets is derived. Defaults to 64 (the paper's).
+        bucket_size: members per chunk, the average bucket size at the
+            build length when the number of buckets is derived. Defaults to
+            64 (the paper's).
         num_hashes: hashing rounds R. Defaults to 4.
         num_buckets: an even number of buckets (>= 2) for every length, or
-            None to derive it from each example's real length (see above).
-            Needed when the sequence length is unknown while tracing.
+            None to fix it from the build length (see above). Needed when
+            the layer is built and first called without a known sequence
+            length (a variable-length model traced by TensorFlow).
             Defaults to None.
-        hash_seed: non-negative int, the seed of the rotations. Defaults to
-            None: drawn once at construction and stored.
+        hash_seed: int in ``[0, 2**31)``, the seed of the rotations.
+            Defaults to None: drawn once at construction from Python's
+            ``random`` (seeded by ``keras.utils.set_random_seed``) and
+            stored.
         redraw_in_training: draw fresh rotations in every call with
             ``training=True``. Defaults to True.
         **kwargs: the arguments of :class:`BaseAttention` (those of
@@ -151,17 +177,11 @@ class LSHAttention(BaseAttention):
             )
         self.num_buckets = None if num_buckets is None else int(num_buckets)
         if hash_seed is None:
-            hash_seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31))
-        if (
-            isinstance(hash_seed, bool)
-            or not isinstance(hash_seed, numbers.Integral)
-            or hash_seed < 0
-        ):
-            raise ValueError(
-                "`hash_seed` must be a non-negative integer or None. "
-                f"Received: hash_seed={hash_seed!r}"
-            )
-        self.hash_seed = int(hash_seed)
+            # Python's `random`, as Keras's own default seeds
+            # (keras.random.SeedGenerator): keras.utils.set_random_seed
+            # seeds it.
+            hash_seed = random.randrange(SEED_BOUND)
+        self.hash_seed = _optional_seed("hash_seed", hash_seed, upper=SEED_BOUND)
         if not isinstance(redraw_in_training, bool):
             raise ValueError(
                 "`redraw_in_training` must be a bool. "
@@ -172,15 +192,31 @@ class LSHAttention(BaseAttention):
         self._fixed_rotations = {}
 
     # -------------------------------------------------------------- hashing
+    def build_extra(self, query_shape, value_shape, key_shape):
+        if self.num_buckets is None and query_shape[1] is not None:
+            self.num_buckets = self._derived_buckets(query_shape[1])
+
+    def _derived_buckets(self, length):
+        return 2 * lsh_ops.rotation_columns(length, self.bucket_size)
+
     def _columns(self, length):
-        if self.num_buckets is None and not isinstance(length, int):
-            raise ValueError(
-                "LSHAttention derives its number of buckets from the sequence "
-                "length, which is unknown while tracing this call. Pass "
-                "num_buckets=... (an even number, about n / bucket_size for "
-                "the longest n). Received: num_buckets=None"
-            )
-        return lsh_ops.rotation_columns(length, self.bucket_size, self.num_buckets)
+        """``c`` (half the buckets) of every call: ``num_buckets / 2``, which
+        a layer built without a known length fixes at its first call with
+        a known length."""
+        if self.num_buckets is None:
+            if not isinstance(length, int):
+                raise ValueError(
+                    "LSHAttention fixes its number of buckets from the "
+                    "sequence length it is built with (or first called "
+                    "with), and neither was known (built and traced with a "
+                    "variable length). Pass num_buckets=... (an even number, "
+                    "about n / bucket_size for the training length n). "
+                    "Received: num_buckets=None"
+                )
+            if not self.built:
+                return self._derived_buckets(length) // 2
+            self.num_buckets = self._derived_buckets(length)
+        return self.num_buckets // 2
 
     def rotations(self, columns, training=False):
         """The ``(num_hashes, columns, num_heads, key_dim)`` float32 random
@@ -222,14 +258,9 @@ class LSHAttention(BaseAttention):
         argument and called after that break came back as None in the
         resumed frame (dynamo 2.13) once another implementation's call had
         been compiled in the same process."""
-        n = context.query_length
-        c = self._columns(n)
+        c = self._columns(context.query_length)
         valid = self._valid_tokens(context)
-        if valid is None:
-            real = ops.full((ops.shape(query)[0],), n, dtype="int32")
-        else:
-            real = ops.sum(ops.cast(ops.cast(valid, "bool"), "int32"), axis=1)
-        columns = lsh_ops.example_columns(real, self.bucket_size, self.num_buckets, c)
+        columns = ops.full((ops.shape(query)[0],), c, dtype="int32")
         rot = self.rotations(c, context.training)
         return rot, columns, valid, c
 

@@ -38,22 +38,12 @@ from keras_longattn.ops.reference import masked_softmax
 
 
 def rotation_columns(length, bucket_size, num_buckets=None):
-    """Static number of rotation columns ``c`` (half the buckets) for a
-    padded length: ``num_buckets / 2``, or ``ceil(n / (2 bucket_size))``."""
+    """Number of rotation columns ``c`` (half the buckets): ``num_buckets /
+    2``, or ``ceil(n / (2 bucket_size))`` (at least 1) for a length ``n``,
+    so that buckets hold ``bucket_size`` tokens on average."""
     if num_buckets is not None:
         return int(num_buckets) // 2
     return max(1, -(-int(length) // (2 * int(bucket_size))))
-
-
-def example_columns(real_count, bucket_size, num_buckets, max_columns):
-    """Rotation columns of each example: ``ceil(n_real / (2 bucket_size))``
-    (in ``[1, max_columns]``) of its real length, or ``num_buckets / 2``.
-    int32 ``(B,)``."""
-    real = ops.cast(real_count, "int32")
-    if num_buckets is not None:
-        return ops.full_like(real, int(num_buckets) // 2)
-    b2 = 2 * int(bucket_size)
-    return ops.clip((real + (b2 - 1)) // b2, 1, int(max_columns))
 
 
 def hash_buckets(x, rotations, columns, valid=None):
@@ -62,7 +52,9 @@ def hash_buckets(x, rotations, columns, valid=None):
     Bucket of ``x`` with rotation ``Rot`` (its first ``columns`` columns):
     ``argmax([x Rot, -x Rot])``, numbered ``j`` for column ``j`` of
     ``x Rot`` and ``c + j`` for column ``j`` of ``-x Rot`` (``c`` the static
-    number of columns). No gradient.
+    number of columns). The products and the argmax are float32 whatever
+    the dtype of ``x`` (a bucket must not follow the rounding of a low
+    compute dtype). No gradient.
 
     Args:
         x: ``(B, n, H, d)`` vectors to hash (the shared queries).

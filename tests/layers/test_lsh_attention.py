@@ -161,16 +161,19 @@ def test_self_only_when_alone():
             assert np.all((scores[h][off] > 0) == same[off])
 
 
-def test_derived_bucket_count_follows_the_real_length():
+def test_bucket_count_does_not_follow_the_real_length():
+    """A padded example hashes its real tokens into the layer's buckets,
+    as alone (one bucket count, fixed at build); padding gets no bucket."""
     x = _x(B=2, T=64)
     mask = np.ones((2, 64), bool)
-    mask[1, 16:] = False  # 16 real tokens: 2 * ceil(16 / 8) = 4 buckets
+    mask[1, 16:] = False
     layer = _built(x, num_hashes=1)
-    buckets = to_np(layer.buckets(x, query_mask=mask))
     c = lsh_ops.rotation_columns(64, 4)  # 8 columns, 16 buckets
-    assert len(np.unique(buckets[0])) > 4
-    real = buckets[1][:, :16]
-    assert set(np.unique(real % c)) <= {0, 1}  # the first 2 columns only
+    assert layer.num_buckets == 2 * c
+    buckets = to_np(layer.buckets(x, query_mask=mask))
+    alone = to_np(layer.buckets(x[1:, :16]))
+    np.testing.assert_array_equal(buckets[1][:, :16], alone[0])
+    assert len(np.unique(alone % c)) > 2  # more columns than 16 tokens derive
     assert np.all(buckets[1][:, 16:] == 2 * c)  # padding: no bucket
 
 
@@ -258,7 +261,8 @@ def test_cross_attention_is_refused():
 
 
 def test_unknown_length_needs_num_buckets():
-    layer = _built()
+    layer = LSHAttention(**KWARGS)
+    layer.build((None, None, 16), (None, None, 16))
     with pytest.raises(ValueError, match="num_buckets=None"):
         layer._columns(keras.ops.convert_to_tensor(37))
     assert _built(num_buckets=6)._columns(keras.ops.convert_to_tensor(37)) == 3
