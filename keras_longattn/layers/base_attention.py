@@ -617,6 +617,13 @@ class BaseAttention(keras.layers.Layer):
                     f"`{name}` must have shape (batch, length, {dims[0]}, "
                     f"{dims[1]}). Received: {name}.shape={tuple(x.shape)}"
                 )
+        if _empty_call(query, key):
+            # Nothing to attend to or from: (B, T, H, dv) zeros, no path.
+            self.last_implementation = "empty"
+            return ops.zeros(
+                tuple(query.shape[:2]) + (self.num_heads, self.value_dim),
+                dtype=value.dtype,
+            )
         context = AttentionContext(
             padding=la_ops.PaddingMask(
                 None if query_mask is None else ops.cast(query_mask, "bool"),

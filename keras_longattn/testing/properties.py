@@ -884,6 +884,11 @@ class AttentionLayerProperties:
                 assert out.shape == (B, T, F), (
                     f"batch {B}, length {T}, causal={causal}: shape {out.shape}"
                 )
+                H, d = layer.num_heads, layer.key_dim
+                heads = np.zeros((B, T, H, d), "float32")
+                values = np.zeros((B, T, H, layer.value_dim), "float32")
+                attended = layer.attend(heads, heads, values, use_causal_mask=causal)
+                assert tuple(attended.shape) == (B, T, H, layer.value_dim)
 
     # -------------------------------------------------- prefix consistency
     def test_prop_prefix_consistency(self):
