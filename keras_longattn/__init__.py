@@ -11,6 +11,7 @@ command line does not import Keras and a backend before it needs them.
 
 import importlib
 
+# The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 _SUBPACKAGES = ("layers", "ops", "models", "datasets", "benchmarks", "testing")

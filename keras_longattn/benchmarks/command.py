@@ -41,6 +41,12 @@ num_heads and key_dim come from --heads and --head-dim unless the config sets
 them (to the same values). An option that a layer's constructor does not
 accept is an error.
 
+A layer config is code: a class reference 'PACKAGE.MODULE:CLASS' or
+'PACKAGE>CLASS', or a config with a "module" entry, makes the benchmark import
+that module (here and in every worker), which runs whatever it contains. Pass
+only configs and @files from sources you trust. "${...}" values are not
+Python: arithmetic on those variables only, every integer within +-2**64.
+
 Every configuration runs in a fresh subprocess. Reported: the median of the
 timed calls, the peak memory (increase of the worker's peak RSS over the RSS
 after the inputs and the layer are built; device allocator peak on GPUs), and

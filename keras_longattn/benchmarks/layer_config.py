@@ -26,7 +26,16 @@ arithmetic expression evaluated for each configuration, with the variables
 ``window`` (the benchmark's ``--window``), the operators ``+ - * / // % **``
 and the functions ``sqrt``, ``log2``, ``ceil``, ``floor``, ``round``, ``int``,
 ``float``, ``min``, ``max``, ``abs``. For example the registered ``routing``
-layer sets ``"num_clusters": "${max(1, round(sqrt(seq_len)))}"``.
+layer sets ``"num_clusters": "${max(1, round(sqrt(seq_len)))}"``. Every
+integer of an expression (intermediate results included) must stay within
+±2**64 and every float finite: ``"${(2**64)**64}"`` is refused before it is
+computed.
+
+A layer config is code: resolving the class of a spec whose ``class_name``
+is ``"package.module:Class"``, or that has a ``"module"`` entry, imports that
+module, and a registered name ``"package>Class"`` not yet registered imports
+``package``; importing a module runs whatever it contains. Load config files
+only from sources you trust.
 
 ``num_heads`` and ``key_dim`` come from the benchmark (``--heads``,
 ``--head-dim``) where the config does not set them; a config that sets them
@@ -56,6 +65,7 @@ __all__ = [
     "LayerUnavailableError",
     "LayerSpec",
     "PLACEHOLDER_VARIABLES",
+    "MAX_PLACEHOLDER_INT",
     "spec_from_dict",
     "spec_from_reference",
     "is_class_reference",
@@ -274,6 +284,14 @@ _BINARY = {
 
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
+#: Largest magnitude of an integer anywhere in a placeholder (a constant, a
+#: variable, an intermediate or final result). Powers are checked before
+#: they are computed, so that no expression builds a huge integer.
+MAX_PLACEHOLDER_INT = 2**64
+
+#: Largest ``|exponent|`` of ``**`` in a placeholder.
+_MAX_EXPONENT = 64
+
 
 def _placeholder_expression(value: Any) -> str | None:
     """The expression of a ``"${...}"`` string, else ``None``."""
@@ -292,54 +310,99 @@ def evaluate_placeholder(expression: str, variables: Mapping[str, Any]) -> int |
         variables: values of the names it may use
             (:data:`PLACEHOLDER_VARIABLES`).
 
+    Every integer met while evaluating (constants, variables, intermediate
+    and final results) must lie within ``±MAX_PLACEHOLDER_INT`` (2**64), an
+    exponent of ``**`` within ±64, and every float must be finite; a power
+    whose integer result would exceed the bound is refused before it is
+    computed.
+
     Returns:
         The number.
 
     Raises:
-        LayerConfigError: a syntax error, an unknown name or function, or an
-            operation that is not arithmetic.
+        LayerConfigError: a syntax error, an unknown name or function, an
+            operation that is not arithmetic, or a number out of bounds
+            (the message names the sub-expression).
     """
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
         raise LayerConfigError(f"invalid placeholder '${{{expression}}}': {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise LayerConfigError(
+            f"invalid placeholder '${{{expression}}}': the expression is nested too deeply"
+        ) from None
 
     def fail(detail: str):
         raise LayerConfigError(f"invalid placeholder '${{{expression}}}': {detail}")
+
+    def text(node: ast.AST) -> str:
+        return ast.unparse(node)
+
+    def bounded(number, node: ast.AST):
+        """``number`` if within the bounds, else a clear error."""
+        if isinstance(number, bool):
+            return number
+        if isinstance(number, int):
+            if abs(number) > MAX_PLACEHOLDER_INT:
+                fail(f"{text(node)!r} gives an integer too large "
+                     f"(beyond ±2**64, {number.bit_length()} bits)")
+        elif isinstance(number, float) and not math.isfinite(number):
+            fail(f"{text(node)!r} gives {number!r}, not a finite number")
+        return number
+
+    def check_power(left, right, node: ast.BinOp):
+        """Refuses ``left ** right`` before it is computed when its result
+        would be too large."""
+        if abs(right) > _MAX_EXPONENT:
+            fail(f"exponent {right!r} is too large (at most {_MAX_EXPONENT}) "
+                 f"in {text(node)!r}")
+        if isinstance(left, int) and isinstance(right, int) and right > 0:
+            # |left| >= 2**(bits - 1), so |left ** right| >= 2**((bits - 1) * right).
+            if (abs(left).bit_length() - 1) * right > 64:
+                fail(f"{text(node)!r} gives an integer too large (beyond ±2**64)")
 
     def value(node: ast.AST):
         if isinstance(node, ast.Expression):
             return value(node.body)
         if isinstance(node, ast.Constant):
             if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-                return node.value
+                return bounded(node.value, node)
             fail(f"only numbers are allowed, got {node.value!r}")
         if isinstance(node, ast.Name):
             if node.id not in variables:
                 fail(f"unknown name {node.id!r}; use {', '.join(sorted(variables))}")
-            return variables[node.id]
+            return bounded(variables[node.id], node)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:
-                fail(f"exponent {right!r} is too large")
+            if isinstance(node.op, ast.Pow):
+                check_power(left, right, node)
             try:
-                return _BINARY[type(node.op)](left, right)
+                result = _BINARY[type(node.op)](left, right)
             except (ArithmeticError, ValueError) as exc:
-                fail(str(exc))
+                fail(f"{exc} in {text(node)!r}")
+            if isinstance(result, complex):
+                fail(f"{text(node)!r} is not a real number")
+            return bounded(result, node)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](value(node.operand))
+            return bounded(_UNARY[type(node.op)](value(node.operand)), node)
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
                 fail(f"unknown function; use {', '.join(_FUNCTIONS)}")
             if node.keywords:
                 fail("keyword arguments are not allowed")
+            args = [value(arg) for arg in node.args]
             try:
-                return _FUNCTIONS[node.func.id](*(value(arg) for arg in node.args))
+                result = _FUNCTIONS[node.func.id](*args)
             except (ArithmeticError, ValueError, TypeError) as exc:
-                fail(str(exc))
+                fail(f"{exc} in {text(node)!r}")
+            return bounded(result, node)
         fail(f"{type(node).__name__} is not allowed (numbers, names, arithmetic, functions)")
 
-    return value(tree)
+    try:
+        return value(tree)
+    except RecursionError:
+        fail("the expression is nested too deeply")
 
 
 def substitute_placeholders(value: Any, variables: Mapping[str, Any]) -> Any:

@@ -9,6 +9,12 @@ Builders (each returns an uncompiled ``keras.Model``):
 :func:`build_causal_language_model`, :func:`build_sequence_classifier`,
 :func:`build_matching_model`, :func:`build_image_density_model` (with
 :func:`bits_per_dim`).
+
+Saving: models and blocks save in ``.keras`` files. Importing this package
+registers its classes and those of :mod:`keras_longattn.layers` with Keras,
+so ``import keras_longattn.models`` must come before
+``keras.saving.load_model`` (``import keras_longattn`` alone imports no
+subpackage; see the install page's "Saving and loading").
 """
 
 # Register the attention layers before any config is deserialised.

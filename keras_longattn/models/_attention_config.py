@@ -16,6 +16,7 @@ Accepted forms of one attention specification:
 
 import copy
 import inspect
+import numbers
 
 import keras
 
@@ -115,6 +116,80 @@ def adopt(layer, owner):
     return layer
 
 
+def check_capabilities(layer, name, spec, *, causal=None, sequence_length=None,
+                       context=None):
+    """Refuses an attention layer that could never run in the stack being
+    built, from the capabilities its class declares.
+
+    * ``supports_causal`` False with ``causal`` True (and
+      ``supports_bidirectional`` False with ``causal`` False): the layer
+      has no such mode (e.g. ``LinformerAttention``, ``NystromAttention``,
+      ``AdaMRAAttention`` have no causal mode);
+    * an integer ``max_length`` below ``sequence_length``: the layer's
+      weights are sized for at most ``max_length`` positions (e.g.
+      ``LinformerAttention``, ``SynthesizerAttention``).
+
+    Layers that declare neither (``keras.layers.MultiHeadAttention``) pass.
+
+    Args:
+        layer: the attention layer.
+        name: the argument it came from (``"attention"``, ``"attention[1]"``).
+        spec: what the caller passed for ``name`` (repeated in the message).
+        causal: whether the stack calls the layer with
+            ``use_causal_mask=True``; None skips the mode checks.
+        sequence_length: the number of positions the layer will see; None
+            skips the length check.
+        context: the arguments that fixed ``causal`` and ``sequence_length``,
+            as text for the message (e.g. ``"sequence_length=32, pooling='cls'
+            (the class token adds a position)"``). Defaults to
+            ``"causal=..., sequence_length=..."``.
+
+    Raises:
+        ValueError: naming ``name`` and the value received.
+    """
+    cls_name = type(layer).__name__
+    if context is None:
+        parts = []
+        if causal is not None:
+            parts.append(f"causal={bool(causal)}")
+        if sequence_length is not None:
+            parts.append(f"sequence_length={sequence_length}")
+        context = ", ".join(parts)
+    received = f"Received: {name}={_describe(spec)}" + (
+        f", {context}" if context else ""
+    )
+    if causal is not None:
+        if causal and getattr(layer, "supports_causal", True) is False:
+            raise ValueError(
+                f"`{name}` must have a causal mode: every attention layer of a "
+                f"causal stack is called with use_causal_mask=True, and "
+                f"{cls_name} has none ({cls_name}.supports_causal is False). "
+                "Use an attention that supports causal calls (e.g. "
+                f"LocalAttention, FullAttention). {received}"
+            )
+        if not causal and getattr(layer, "supports_bidirectional", True) is False:
+            raise ValueError(
+                f"`{name}` must support bidirectional calls: every attention "
+                "layer of a non-causal stack is called with "
+                f"use_causal_mask=False, and {cls_name} only supports causal "
+                f"attention ({cls_name}.supports_bidirectional is False). "
+                f"{received}"
+            )
+    max_length = getattr(layer, "max_length", None)
+    if (
+        sequence_length is not None
+        and isinstance(max_length, numbers.Integral)
+        and not isinstance(max_length, bool)
+        and sequence_length > max_length
+    ):
+        raise ValueError(
+            f"`{name}` takes at most max_length={int(max_length)} positions "
+            f"({cls_name} sizes its weights by it), but its sequences have "
+            f"{sequence_length} positions. Give the attention a max_length >= "
+            f"{sequence_length} or use shorter sequences. {received}"
+        )
+
+
 def make_attention_layers(
     attention,
     num_attention,
@@ -123,6 +198,8 @@ def make_attention_layers(
     num_heads,
     rotary_max_wavelength=None,
     sequence_length=None,
+    causal=None,
+    context=None,
 ):
     """One fresh attention layer per ``"s"`` of a layer pattern.
 
@@ -137,7 +214,14 @@ def make_attention_layers(
         num_heads: fills ``num_heads`` where a config lacks it.
         rotary_max_wavelength: when set, written into every config.
         sequence_length: when known, passed to the layers'
-            ``check_sequence_length(n)`` hook (if they define one).
+            ``check_sequence_length(n)`` hook (if they define one) and
+            checked against their ``max_length`` (see
+            :func:`check_capabilities`).
+        causal: whether the layers will be called with
+            ``use_causal_mask=True``; when not None, checked against their
+            ``supports_causal`` / ``supports_bidirectional``.
+        context: the arguments behind ``causal`` and ``sequence_length``,
+            as text for the error messages (see :func:`check_capabilities`).
 
     Returns:
         A list of ``num_attention`` unbuilt layers.
@@ -209,5 +293,7 @@ def make_attention_layers(
             check = getattr(layer, "check_sequence_length", None)
             if callable(check):
                 check(sequence_length)
+        check_capabilities(layer, name, spec, causal=causal,
+                           sequence_length=sequence_length, context=context)
         layers.append(layer)
     return layers

@@ -7,7 +7,7 @@ from keras_longattn.models._validation import check_int
 from keras_longattn.models._validation import check_rate
 from keras_longattn.models.layer_pattern import validate_layer_pattern
 from keras_longattn.models.position_embedding import PositionEmbedding
-from keras_longattn.models.sublayer_stack import build_sublayers
+from keras_longattn.models.sublayer_stack import stack_sublayers
 
 POSITIONS = ("learned", "rotary", None)
 DEFAULT_NUM_LAYERS = 2
@@ -73,10 +73,16 @@ def transformer_body(
     causal,
     positions,
     rotary_max_wavelength,
+    context=None,
 ):
     """Positions, embedding dropout, the sublayers and the final norm,
-    applied to ``(B, n, dim)`` embeddings (masks propagate)."""
-    sublayers = build_sublayers(
+    applied to ``(B, n, dim)`` embeddings (masks propagate).
+
+    Attention layers that could never run here (no causal mode in a causal
+    model, a ``max_length`` below ``attention_length``) are refused with a
+    ``ValueError`` whose message repeats ``context``: the builder arguments
+    that fixed ``causal`` and ``attention_length``."""
+    sublayers = stack_sublayers(
         pattern,
         attention,
         dim=dim,
@@ -89,6 +95,7 @@ def transformer_body(
             rotary_max_wavelength if positions == "rotary" else None
         ),
         sequence_length=attention_length,
+        context=context,
     )
     if positions == "learned":
         x = PositionEmbedding(attention_length, name="position_embedding")(x)

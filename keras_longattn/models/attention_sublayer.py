@@ -31,7 +31,9 @@ class AttentionSublayer(keras.layers.Layer):
         dropout: dropout rate on the attention output. Defaults to 0.
         normalize_first: pre-norm (True, default) or post-norm (False).
         causal: passed to the attention as ``use_causal_mask``. Defaults
-            to False.
+            to False. An attention without that mode (``supports_causal``
+            or ``supports_bidirectional`` False) is refused with a
+            ``ValueError``.
         layer_norm_epsilon: epsilon of the LayerNormalization. Defaults to
             1e-5.
         **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``).
@@ -68,12 +70,14 @@ class AttentionSublayer(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.supports_masking = True
-        self.attention = _attention_config.adopt(
-            _attention_config.deserialize_attention(attention), self
+        self.causal = bool(causal)
+        layer = _attention_config.deserialize_attention(attention)
+        _attention_config.check_capabilities(
+            layer, "attention", attention, causal=self.causal
         )
+        self.attention = _attention_config.adopt(layer, self)
         self.dropout = check_rate("dropout", dropout)
         self.normalize_first = bool(normalize_first)
-        self.causal = bool(causal)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="norm"

@@ -73,9 +73,12 @@ def build_causal_language_model(
         output logits ``(B, n, vocab_size)``.
 
     Raises:
-        ValueError: for inconsistent arguments (the message names them) and
-            for a ``sequence_length`` the attention refuses through its
-            ``check_sequence_length(n)`` hook.
+        ValueError: for inconsistent arguments (the message names them),
+            for an attention without a causal mode (``supports_causal``
+            False: ``LinformerAttention``, ``NystromAttention``,
+            ``AdaMRAAttention``), for an attention whose ``max_length`` is
+            below ``sequence_length``, and for a ``sequence_length`` the
+            attention refuses through its ``check_sequence_length(n)`` hook.
 
     Example:
 
@@ -124,6 +127,10 @@ def build_causal_language_model(
         causal=True,
         positions=positions,
         rotary_max_wavelength=rotary_max_wavelength,
+        context=(
+            f"sequence_length={sequence_length} (build_causal_language_model "
+            "calls its attention with use_causal_mask=True)"
+        ),
     )
     if tie_embeddings:
         logits = embedding(x, reverse=True)

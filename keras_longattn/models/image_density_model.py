@@ -92,7 +92,11 @@ def build_image_density_model(
         with values in ``[0, levels)``, output logits ``(B, n, levels)``.
 
     Raises:
-        ValueError: for inconsistent arguments (the message names them).
+        ValueError: for inconsistent arguments (the message names them),
+            for an attention without a causal mode (``supports_causal``
+            False: ``LinformerAttention``, ``NystromAttention``,
+            ``AdaMRAAttention``; the model is autoregressive) and for an
+            attention whose ``max_length`` is below ``sequence_length``.
 
     Example:
 
@@ -138,6 +142,10 @@ def build_image_density_model(
         causal=True,
         positions=positions,
         rotary_max_wavelength=rotary_max_wavelength,
+        context=(
+            f"sequence_length={sequence_length} (build_image_density_model "
+            "calls its attention with use_causal_mask=True)"
+        ),
     )
     logits = keras.layers.Dense(levels, name="logits")(x)
     return keras.Model(pixels, logits, name=name)

@@ -62,7 +62,11 @@ def build_matching_model(
         num_classes)``.
 
     Raises:
-        ValueError: for inconsistent arguments (the message names them).
+        ValueError: for inconsistent arguments (the message names them) and
+            for an attention whose ``max_length`` (``LinformerAttention``,
+            ``SynthesizerAttention``) is below the length it would see:
+            ``sequence_length``, or ``sequence_length + 1`` with
+            ``pooling="cls"``.
 
     Example:
 

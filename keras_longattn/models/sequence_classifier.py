@@ -32,9 +32,11 @@ def sequence_encoder(
         vocab_size, dim, mask_zero=True, name="token_embedding"
     )(tokens)
     attention_length = sequence_length
+    context = f"sequence_length={sequence_length}"
     if pooling == "cls":
         x = ClassToken(name="class_token")(x)
         attention_length = None if sequence_length is None else sequence_length + 1
+        context += ", pooling='cls' (the class token adds a position)"
     x = common.transformer_body(
         x,
         attention_length=attention_length,
@@ -48,6 +50,7 @@ def sequence_encoder(
         causal=False,
         positions=positions,
         rotary_max_wavelength=rotary_max_wavelength,
+        context=context,
     )
     return SequencePooling("first" if pooling == "cls" else "mean", name="pooling")(x)
 
@@ -99,10 +102,11 @@ def build_sequence_classifier(
 
     * ``"mean"``: the mean of the final vectors over unpadded positions.
     * ``"cls"``: a learned class token is prepended (a global token at
-      position 0); the attention then sees ``n + 1`` positions (its
-      ``check_sequence_length`` hook is called with ``n + 1``; the layers of
-      keras_longattn take any length) and the class token's final vector is
-      the summary.
+      position 0); the attention then sees ``n + 1`` positions (an
+      attention with a ``max_length``, e.g. ``LinformerAttention``, needs
+      ``max_length >= n + 1``, and a ``check_sequence_length`` hook is
+      called with ``n + 1``) and the class token's final vector is the
+      summary.
 
     Args:
         vocab_size: number of token ids including padding 0, >= 2.
@@ -132,7 +136,11 @@ def build_sequence_classifier(
         ``SparseCategoricalCrossentropy(from_logits=True)``).
 
     Raises:
-        ValueError: for inconsistent arguments (the message names them).
+        ValueError: for inconsistent arguments (the message names them) and
+            for an attention whose ``max_length`` (``LinformerAttention``,
+            ``SynthesizerAttention``) is below the length it would see:
+            ``sequence_length``, or ``sequence_length + 1`` with
+            ``pooling="cls"``.
 
     Example:
 

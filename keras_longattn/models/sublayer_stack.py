@@ -50,7 +50,14 @@ def build_sublayers(
     model must be rebuilt from its config when loaded. ``name`` entries of
     the configs are dropped (Keras names each layer).
 
-    If an attention layer defines ``check_sequence_length(n)`` and
+    Attention layers that could never run in the stack are refused here,
+    from what their classes declare: with ``causal=True`` a layer whose
+    ``supports_causal`` is False (``LinformerAttention``,
+    ``NystromAttention``, ``AdaMRAAttention``), with ``causal=False`` one
+    whose ``supports_bidirectional`` is False, and, when
+    ``sequence_length`` is given, a layer with an integer ``max_length``
+    below it (``LinformerAttention``, ``SynthesizerAttention``). If an
+    attention layer defines ``check_sequence_length(n)`` and
     ``sequence_length`` is given, it is called with ``sequence_length`` and
     may raise ``ValueError`` for a length it cannot take.
 
@@ -68,7 +75,8 @@ def build_sublayers(
             (rotary positions inside the attention); a layer that cannot take
             it raises ``ValueError``.
         sequence_length: the length the attention layers will see, for the
-            ``check_sequence_length`` hook. Optional.
+            ``max_length`` check and the ``check_sequence_length`` hook.
+            Optional.
         name_prefix: sublayer ``k`` is named ``f"{name_prefix}_{k}_attention"``
             or ``f"{name_prefix}_{k}_feedforward"``.
 
@@ -90,6 +98,42 @@ def build_sublayers(
     >>> tuple(x.shape)
     (2, 24, 16)
     """
+    return stack_sublayers(
+        layer_pattern,
+        attention,
+        dim=dim,
+        num_heads=num_heads,
+        feedforward_dim=feedforward_dim,
+        dropout=dropout,
+        activation=activation,
+        normalize_first=normalize_first,
+        causal=causal,
+        rotary_max_wavelength=rotary_max_wavelength,
+        sequence_length=sequence_length,
+        name_prefix=name_prefix,
+    )
+
+
+def stack_sublayers(
+    layer_pattern,
+    attention=None,
+    *,
+    dim,
+    num_heads=4,
+    feedforward_dim=None,
+    dropout=0.0,
+    activation="gelu",
+    normalize_first=True,
+    causal=False,
+    rotary_max_wavelength=None,
+    sequence_length=None,
+    name_prefix="sublayer",
+    context=None,
+):
+    """:func:`build_sublayers` for the model builders: ``context`` names
+    the builder arguments behind ``causal`` and ``sequence_length`` in the
+    messages of refused attention layers (see
+    ``_attention_config.check_capabilities``)."""
     layer_pattern = validate_layer_pattern(layer_pattern)
     dim = check_int("dim", dim)
     num_heads = check_int("num_heads", num_heads)
@@ -102,6 +146,8 @@ def build_sublayers(
         num_heads=num_heads,
         rotary_max_wavelength=rotary_max_wavelength,
         sequence_length=sequence_length,
+        causal=bool(causal),
+        context=context,
     )
     attention_layers = iter(attention_layers)
     sublayers = []
