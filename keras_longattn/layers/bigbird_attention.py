@@ -1,7 +1,8 @@
 """BigBird attention: window, global and random blocks (Zaheer et al. 2020)."""
 
+import random
+
 import keras
-import numpy as np
 
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
@@ -67,8 +68,11 @@ class BigBirdAttention(BaseAttention):
         random_blocks: ``r``, random key blocks per query block. Defaults
             to 3 (the paper's).
         seed: non-negative int, the seed of the random blocks. Defaults to
-            None: one is drawn when the layer is made and stored (the
-            config and ``.keras`` files keep it).
+            None: one is drawn from Python's ``random`` generator when the
+            layer is made (as Keras draws its default seeds), so that after
+            ``keras.utils.set_random_seed(s)`` a script builds the same
+            random blocks on every run; the drawn value is stored as
+            ``seed`` (the config and ``.keras`` files keep it).
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
@@ -121,7 +125,8 @@ class BigBirdAttention(BaseAttention):
     ):
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31))
+            # Seeded by keras.utils.set_random_seed (random.seed).
+            seed = random.randrange(2**31)
         (self.block_size, self.window_blocks, self.global_blocks,
          self.random_blocks, self.seed) = la_bigbird.check_arguments(
             block_size, window_blocks, global_blocks, random_blocks, seed)

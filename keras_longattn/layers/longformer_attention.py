@@ -348,21 +348,18 @@ class LongformerAttention(BaseAttention):
             if rotary is not None:
                 qg = la_ops.apply_rotary(qg, rotary)
             if rows_only:
-                hot = self._slot_rows(context, qg.dtype)
-                qg = ops.einsum("bgt,bthd->bghd", hot, qg)
+                qg = self._slot_rows(context, qg)
             return qg, kg, vg
-        hot = self._slot_rows(context, query.dtype)
-        # (B, G, T) x (B, T, dim) -> (B, G, dim): the inputs of the global rows.
-        rows = ops.einsum("bgt,btc->bgc", hot, query)
-        return self._query_global_dense(rows), kg, vg
+        # (B, G, dim): the inputs of the global rows.
+        return self._query_global_dense(self._slot_rows(context, query)), kg, vg
 
-    def _slot_rows(self, context, dtype):
+    def _slot_rows(self, context, x):
+        """The rows of ``x`` ``(B, T, ...)`` at the call's global query
+        slots, ``(B, G, ...)`` (zeros for invalid slots), by an indexed
+        gather: a NaN or inf at another position (a query padded through
+        ``value_mask`` only) does not reach them."""
         slots = context.global_slots
-        batch = ops.shape(context.global_inputs[0])[0]
-        G = slots.positions.shape[1]
-        positions = ops.broadcast_to(slots.positions, (batch, G))
-        valid = ops.broadcast_to(slots.query_valid, (batch, G))
-        return la_longformer.slot_matrix(positions, valid, context.query_length, dtype)
+        return la_longformer.gather_slots(x, slots.positions, slots.query_valid)
 
     # ---------------------------------------------------------- computation
     def _attention_reference(self, query, key, value, context):
@@ -426,6 +423,11 @@ class LongformerAttention(BaseAttention):
             self.key_dim, self.value_dim or self.key_dim,
         )
 
+    @_band_kernel.reports
+    def _band_kernel(self, context):
+        # "band_kernel:flash" where the compiled kernel did not run.
+        return backend_ops().band_kernel_variant()
+
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
         """The same layouts through ``keras.ops.dot_product_attention``,
@@ -480,9 +482,7 @@ class LongformerAttention(BaseAttention):
         projections = self._input_space_projections(context)
         if projections is not None:
             # The global rows in input space: two fewer full projections.
-            query_input = context.global_inputs[0]
-            hot = self._slot_rows(context, query_input.dtype)
-            rows = ops.einsum("bgt,btc->bgc", hot, query_input)
+            rows = self._slot_rows(context, context.global_inputs[0])
             qg, kg, vg = self._query_global_dense(rows), None, None
         else:
             qg, kg, vg = self._global_projections(context, rows_only=True)

@@ -80,7 +80,10 @@ class NystromAttention(BaseAttention):
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
         ``value`` ``(B, S, dim)``, ``key``, ``query_mask`` ``(B, T)``
-        (padded queries take no part in the query landmarks),
+        (padded queries take no part in the query landmarks; pass it for
+        padded inputs: every query moves the query landmarks, so with
+        ``value_mask`` alone a padded position, a real query, moves the
+        real outputs),
         ``value_mask``/``key_mask`` ``(B, S)``, ``training``,
         ``return_attention_scores``. ``use_causal_mask=True`` is refused; a
         dense ``attention_mask`` only with ``implementation="reference"``.
@@ -231,6 +234,15 @@ class NystromAttention(BaseAttention):
             )
         elif context.padding.key_mask is not None:
             key_rows = ops.cast(context.padding.key_mask, "bool")
+        # Padded heads enter the explicit averaging matrices as zeros: a
+        # padded position's weight there is 0, but 0 * NaN is NaN (heads
+        # given to attend() are not zeroed by the call's projections).
+        if context.padding.query_mask is not None:
+            keep = ops.cast(context.padding.query_mask, "bool")[:, :, None, None]
+            query = ops.where(keep, query, ops.zeros_like(query))
+        if context.padding.key_mask is not None:
+            keep = ops.cast(context.padding.key_mask, "bool")[:, :, None, None]
+            key = ops.where(keep, key, ops.zeros_like(key))
         weights = nystrom_ops.nystrom_weights(
             query,
             key,

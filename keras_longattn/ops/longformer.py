@@ -19,9 +19,12 @@ the queries at or after it, a global query sees only the keys up to itself.
 Global tokens are per-call data (a boolean mask), so their number varies by
 example, while array shapes must be static. A call therefore has ``G``
 *slots* (:func:`global_slots`): the first ``G`` global positions of each
-example in ascending order, with a validity flag per slot. Slots are turned
-into one-hot ``(B, G, n)`` matrices to gather and scatter the global rows
-(O(n * G)).
+example in ascending order, with a validity flag per slot. The rows of the
+slots are gathered and written back by index (:func:`gather_slots`,
+:func:`scatter_slots`), never by a product with a one-hot ``(B, G, n)``
+matrix: a slot reads its own position only, so a non-finite value at any
+other position (e.g. a padded query, whose output is not used) cannot
+reach a global row (``0 * inf`` is NaN).
 
 The computation (:func:`longformer_attention`):
 
@@ -59,6 +62,7 @@ from keras_longattn.ops.shapes import is_static
 from keras_longattn.ops.shapes import larger
 from keras_longattn.ops.shapes import length
 from keras_longattn.ops.blocked import pad_axis
+from keras_longattn.ops.segments import take_rows
 from keras_longattn.ops.subset import key_subset_attention
 
 #: The global slots of a call: ``positions`` int32 ``(B or 1, G)``
@@ -196,6 +200,47 @@ def slot_matrix(positions, valid, length_, dtype="bool"):
     return hot if dtype == "bool" else ops.cast(hot, dtype)
 
 
+def gather_slots(x, positions, valid):
+    """The rows of the slots: ``(B, G, ...)``, row ``positions[b, g]`` of
+    ``x`` ``(B, n, ...)`` where ``valid[b, g]``, zeros elsewhere.
+
+    An indexed gather (one row gather of the flattened positions): each
+    slot reads its own position only, so a NaN or inf at any other
+    position never reaches it. ``positions`` (int) and ``valid`` (bool)
+    are ``(B or 1, G)``; invalid slots may hold any position (they read
+    position 0). ``G`` may be unknown while tracing.
+    """
+    batch, n = ops.shape(x)[0], length(x, 1)
+    tail = tuple(int(s) for s in x.shape[2:])
+    G = length(positions, 1)
+    valid = ops.broadcast_to(ops.cast(valid, "bool"), (batch, G))
+    positions = ops.where(valid, ops.cast(positions, "int32"), 0)
+    rows = ops.arange(batch, dtype="int32")[:, None] * n + positions  # (B, G)
+    width = int(np.prod(tail, dtype="int64"))
+    out = take_rows(ops.reshape(x, (-1, width)), ops.reshape(rows, (-1,)))
+    out = ops.reshape(out, (-1, G) + tail)
+    keep = ops.reshape(valid, (-1, G) + (1,) * len(tail))
+    return ops.where(keep, out, ops.zeros_like(out))
+
+
+def scatter_slots(rows, positions, valid, out):
+    """``out`` ``(B, n, ...)`` with row ``positions[b, g]`` replaced by
+    ``rows[b, g]`` ``(B, G, ...)`` for every valid slot (valid slots hold
+    distinct positions).
+
+    Each position takes its slot's row by an indexed gather and a select,
+    never a product with a one-hot matrix: a NaN or inf in one slot's row
+    (or in ``out``) stays at its own position.
+    """
+    hot = slot_matrix(positions, valid, length(out, 1))  # (B or 1, G, n)
+    is_slot = ops.any(hot, axis=1)  # (B or 1, n)
+    slot = ops.cast(ops.argmax(ops.cast(hot, "int32"), axis=1), "int32")
+    taken = gather_slots(ops.cast(rows, out.dtype), slot, is_slot)  # (B, n, ...)
+    for _ in range(len(out.shape) - 2):
+        is_slot = ops.expand_dims(is_slot, -1)
+    return ops.where(is_slot, taken, out)
+
+
 def global_flags(slots, query_length, key_length):
     """Boolean ``(B or 1, T)`` global queries and ``(B or 1, S)`` global
     keys of a call's slots (all False without slots)."""
@@ -302,9 +347,9 @@ def longformer_attention(
         # The band leaves the global keys to the key-subset part.
         not_global = ops.logical_not(ops.any(hot_k, axis=1))  # (B, S)
         local_keys = not_global if local_keys is None else ops.logical_and(local_keys, not_global)
-        # (B, G, S) x (B, S, H, d) -> (B, G, H, d): the keys of the slots.
-        keys_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, key.dtype), key)
-        values_g = ops.einsum("bgs,bshd->bghd", ops.cast(hot_k, value.dtype), value)
+        # (B, G, H, d): the keys and values of the slots.
+        keys_g = gather_slots(key, positions, k_valid)
+        values_g = gather_slots(value, positions, k_valid)
         subset_pattern = CausalPattern() if causal else FullPattern()
 
     if band_kernel is not None:
@@ -368,10 +413,8 @@ def longformer_attention(
             out = merge_attention_parts([(out, lse), (subset_out, subset_lse)])
 
     # 4. The global rows: each global query against every key.
-    hot_q = slot_matrix(positions, q_valid, T, dtype=query.dtype)  # (B, G, T)
     if global_query is None:
-        # (B, G, T) x (B, T, H, d) -> (B, G, H, d)
-        global_query = ops.einsum("bgt,bthd->bghd", hot_q, query)
+        global_query = gather_slots(query, positions, q_valid)  # (B, G, H, d)
     global_key = key if global_key is None else global_key
     global_value = value if global_value is None else global_value
     visible = ops.ones((1, 1, 1, 1), dtype="bool")
@@ -398,10 +441,7 @@ def longformer_attention(
             global_query, global_key, global_value, mask=visible, scale=scale,
             dropout_fn=dropout_fn,
         )  # (B, G, H, dv)
-    # (B, G, T) x (B, G, H, dv) -> (B, T, H, dv)
-    scattered = ops.einsum("bgt,bghd->bthd", ops.cast(hot_q, rows.dtype), rows)
-    is_global = ops.any(ops.cast(hot_q, "bool"), axis=1)[:, :, None, None]  # (B, T, 1, 1)
-    return ops.where(is_global, ops.cast(scattered, out.dtype), out)
+    return scatter_slots(rows, positions, q_valid, out)  # (B, T, H, dv)
 
 
 def _dilation_groups(dilations):

@@ -293,10 +293,10 @@ def longformer_attention(query, key, value, window, dilations, causal, slots=Non
     if slots is None:
         return out
 
-    # Every query against the global keys (positions per example).
-    # (B, G, S) x (B, S, H, d) -> (B, G, H, d)
-    keys_g = jnp.einsum("bgs,bshd->bghd", hot_k.astype(key.dtype), key)
-    values_g = jnp.einsum("bgs,bshd->bghd", hot_k.astype(value.dtype), value)
+    # Every query against the global keys (positions per example), gathered
+    # by index: (B, G, H, d).
+    keys_g = jnp.asarray(la_longformer.gather_slots(key, positions, k_valid))
+    values_g = jnp.asarray(la_longformer.gather_slots(value, positions, k_valid))
     bg = _small_block(G)
     subset = pa.block_sparse_attention(
         query, keys_g, values_g, _all_pairs(T, G, b, bg), predicate=subset_predicate,
@@ -304,20 +304,16 @@ def longformer_attention(query, key, value, window, dilations, causal, slots=Non
     out = la_reference.merge_attention_parts([(out, lse), subset])
 
     # The global rows: each global query against every key.
-    hot_q = jnp.asarray(la_longformer.slot_matrix(positions, q_valid, T))  # (B, G, T)
     if global_query is None:
-        # (B, G, T) x (B, T, H, d) -> (B, G, H, d)
-        global_query = jnp.einsum("bgt,bthd->bghd", hot_q.astype(query.dtype), query)
+        global_query = jnp.asarray(la_longformer.gather_slots(query, positions, q_valid))
     global_key = key if global_key is None else global_key
     global_value = value if global_value is None else global_value
     rows, _ = pa.block_sparse_attention(
         global_query, global_key, global_value, _all_pairs(G, S, bg, b),
         predicate=subset_predicate, q_pos=positions, k_pos=None,
         k_valid=_key_valid(key_mask), scale=scale)
-    # (B, G, T) x (B, G, H, dv) -> (B, T, H, dv)
-    scattered = jnp.einsum("bgt,bghd->bthd", hot_q.astype(rows.dtype), rows)
-    is_global = jnp.any(hot_q, axis=1)[:, :, None, None]
-    return jnp.where(is_global, scattered.astype(out.dtype), out)
+    # Written over the merged rows by index: (B, T, H, dv).
+    return jnp.asarray(la_longformer.scatter_slots(rows, positions, q_valid, out))
 
 
 # ------------------------------------------------------------------ Routing
