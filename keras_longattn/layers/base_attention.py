@@ -548,8 +548,15 @@ class BaseAttention(keras.layers.Layer):
         B, T = query.shape[0], query.shape[1]
         S = value.shape[1]
         H = self.num_heads
-        zeros = ops.zeros((B, T, H, self.value_dim), dtype=self.compute_dtype)
-        out = self._output_dense(zeros)
+        if B == 0 or T == 0:
+            # No rows (TensorFlow's einsum would not keep a 0 batch and a 0
+            # length together).
+            out = ops.zeros(
+                self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
+            )
+        else:
+            zeros = ops.zeros((B, T, H, self.value_dim), dtype=self.compute_dtype)
+            out = self._output_dense(zeros)
         self.last_implementation = "empty"
         if return_attention_scores:
             return out, ops.zeros((B, H, T, S), dtype=self.compute_dtype)
@@ -591,8 +598,10 @@ class BaseAttention(keras.layers.Layer):
             query: ``(B, T, num_heads, key_dim)``.
             key: ``(B, S, num_heads, key_dim)``.
             value: ``(B, S, num_heads, value_dim)``.
-            query_mask: optional boolean ``(B, T)``, False for padding.
-            key_mask: optional boolean ``(B, S)``, False for padding.
+            query_mask: optional boolean ``(B, T)``, False for padding
+                (padded query heads enter as zeros).
+            key_mask: optional boolean ``(B, S)``, False for padding
+                (padded key and value heads enter as zeros).
             use_causal_mask: causal attention (query ``i`` sees keys
                 ``j <= i``).
             training: as in ``call`` (dropout; layers with state, such as
@@ -606,6 +615,7 @@ class BaseAttention(keras.layers.Layer):
                 f"{type(self).__name__}.attend needs a built layer: call the "
                 "layer once or build it first"
             )
+        query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
         expected = (self.num_heads, self.key_dim)
         for name, x, dims in (
             ("query", query, expected),
@@ -624,11 +634,19 @@ class BaseAttention(keras.layers.Layer):
                 tuple(query.shape[:2]) + (self.num_heads, self.value_dim),
                 dtype=value.dtype,
             )
+        query_mask, key_mask = (
+            None if m is None else ops.cast(_as_tensor(m), "bool") for m in (query_mask, key_mask)
+        )
+        # Padded heads enter as zeros, as padded inputs do in ``call``.
+        if key_mask is not None:
+            keep = ops.expand_dims(ops.expand_dims(key_mask, -1), -1)
+            key = _zero_where_not(keep, key)
+            value = _zero_where_not(keep, value)
+        if query_mask is not None:
+            keep = ops.expand_dims(ops.expand_dims(query_mask, -1), -1)
+            query = _zero_where_not(keep, query)
         context = AttentionContext(
-            padding=la_ops.PaddingMask(
-                None if query_mask is None else ops.cast(query_mask, "bool"),
-                None if key_mask is None else ops.cast(key_mask, "bool"),
-            ),
+            padding=la_ops.PaddingMask(query_mask, key_mask),
             causal=bool(use_causal_mask),
             attention_mask=None,
             training=training,
