@@ -2,6 +2,8 @@
 
 from keras import ops
 
+from keras_longattn.ops.shapes import length
+
 
 def apply_rotary(x, max_wavelength=10000.0):
     """Rotates pairs of features of ``x`` by position-dependent angles.
@@ -16,7 +18,8 @@ def apply_rotary(x, max_wavelength=10000.0):
         a rotated key at ``j`` depends on ``i - j`` only.
     """
     x = ops.convert_to_tensor(x)
-    n, d = x.shape[1], x.shape[-1]
+    # The length as a tensor where it is unknown while tracing.
+    n, d = length(x, 1), x.shape[-1]
     half = d // 2
     freq = ops.power(
         float(max_wavelength), -ops.arange(half, dtype="float32") / float(half)

@@ -108,3 +108,17 @@ def test_last_implementation_says_whether_the_compiled_kernel_ran():
         expected = "band_kernel" if native.ran_compiled() else "band_kernel:flash"
         assert layer.last_implementation == expected
         assert rel_error(compiled, flash) < 1e-5
+
+
+def test_rotary_positions_with_a_length_unknown_while_tracing():
+    """A model whose sequence axis is None with rotary positions predicts at
+    two lengths, equal to direct calls (TensorFlow traced ``arange(None)``
+    before the fix: "None values not supported")."""
+    x_in = keras.Input((None, F))
+    layer = LocalAttention(num_heads=2, key_dim=8, window=4, rotary_max_wavelength=100.0)
+    model = keras.Model(x_in, layer(x_in, x_in, use_causal_mask=True))
+    for n in (9, 13):
+        x = _x((2, n, F), n)
+        predicted = model.predict(x, verbose=0)
+        direct = to_np(layer(x, x, use_causal_mask=True))
+        np.testing.assert_allclose(predicted, direct, rtol=1e-5, atol=1e-6)
