@@ -25,6 +25,10 @@ The files, by their path in the site's sources (none is committed):
   (``docs/results/``) when there is one, else from the CI-size run of
   ``build/notebooks/`` (``keras-longattn reproduce --all``), else unexecuted
   with a note; and the reproductions index with each notebook's results.
+  A committed run whose sources changed since it ran (or that records no
+  provenance) gets a "Stale" note on its page and in the index, from
+  :func:`stale_checks` (``keras_longattn/reproductions/provenance.py``, the
+  check of ``keras-longattn reproduce --stale``).
 
 Adding a mechanism: its layer gets a figure automatically (constructor
 options for the figure go in :data:`FIGURE_OPTIONS`); write
@@ -35,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import html
+import importlib.util
 import json
 import logging
 import math
@@ -72,6 +78,9 @@ NOTEBOOKS_BUILD = ROOT / "build" / "notebooks"
 #: --output-dir docs/results``): shown in the docs in place of the CI-size
 #: run of the build when present.
 NOTEBOOKS_FULL = DOCS / "results"
+#: The provenance module of the package, loaded from its file (the docs
+#: process does not import keras_longattn).
+PROVENANCE_SOURCE = ROOT / "keras_longattn" / "reproductions" / "provenance.py"
 GUIDES = DOCS / "guides"
 
 #: Sequence length of the pattern figures.
@@ -874,6 +883,44 @@ def _results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def load_provenance(path: Path = PROVENANCE_SOURCE):
+    """``keras_longattn/reproductions/provenance.py`` loaded from its file
+    (standard library only; no ``keras_longattn`` import, no bytecode
+    written)."""
+    name = "keras_longattn_docs_provenance"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses resolves the module's annotations through sys.modules.
+    sys.modules[name] = module
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
+    return module
+
+
+def stale_checks(full: Path = NOTEBOOKS_FULL, root: Path = ROOT) -> dict:
+    """``{slug: Staleness}`` of the committed results ``full/*.json`` against
+    the sources under ``root`` (the check of ``keras-longattn reproduce
+    --stale``)."""
+    provenance = load_provenance()
+    return {check.name: check for check in provenance.check_directory(full, root)}
+
+
+def stale_cell(note: str) -> dict:
+    """A markdown cell that shows ``note`` as a warning admonition (an HTML
+    block with the admonition classes: notebook cells do not get mkdocs'
+    ``!!!`` syntax)."""
+    return {
+        "cell_type": "markdown", "metadata": {}, "id": "stale-run",
+        "source": ('<div class="admonition warning stale-run">\n'
+                   '<p class="admonition-title">Stale</p>\n'
+                   f"<p>{html.escape(note)} Re-run it with <code>keras-longattn reproduce "
+                   "--stale --run</code>.</p>\n</div>"),
+    }
+
+
 def _size_of(results: dict, meta: dict) -> str:
     full = meta.get("full_parameters")
     params = results.get("parameters") or {}
@@ -883,13 +930,17 @@ def _size_of(results: dict, meta: dict) -> str:
 
 
 def generate_notebooks(out: Path, page: Path, src: Path = NOTEBOOKS_SRC,
-                       build: Path = NOTEBOOKS_BUILD, full: Path = NOTEBOOKS_FULL) -> list[Path]:
+                       build: Path = NOTEBOOKS_BUILD, full: Path = NOTEBOOKS_FULL,
+                       root: Path = ROOT) -> list[Path]:
     """Copies the notebooks, executed where possible, into ``out`` and writes
     the index ``page``.
 
     A notebook's page is its committed full-size run (``docs/results/``)
     when there is one, else the CI-size run of this build; the index gives
-    the results of both."""
+    the results of both. A committed run that :func:`stale_checks` finds
+    stale against the sources under ``root`` gets a "Stale" admonition on
+    its page and in the index."""
+    stale = {slug: check for slug, check in stale_checks(full, root).items() if check.stale}
     out.mkdir(parents=True, exist_ok=True)
     slugs = sorted(p.stem for p in src.glob("*.ipynb") if not p.name.startswith(("_", ".")))
     for stale in out.glob("*.ipynb"):
@@ -920,6 +971,8 @@ def generate_notebooks(out: Path, page: Path, src: Path = NOTEBOOKS_SRC,
                            "[Reproductions](../reproductions.md)."),
             }
             notebook["cells"].insert(1, note)
+            if slug in stale:
+                notebook["cells"].insert(2, stale_cell(stale[slug].note()))
             ran = executed.is_file()
             shown = "the committed full-size run"
         elif executed.is_file():
@@ -954,6 +1007,10 @@ def generate_notebooks(out: Path, page: Path, src: Path = NOTEBOOKS_SRC,
         if meta.get("claims"):
             lines += ["Claims checked by its `assert` cells:", ""]
             lines += [f"- {claim}" for claim in meta["claims"]] + [""]
+        if slug in stale:
+            lines += ['!!! warning "Stale"', "",
+                      f"    {stale[slug].note()} Re-run it with "
+                      "`keras-longattn reproduce --stale --run`.", ""]
         if full_results is not None:
             lines += [f"Committed results ({_size_of(full_results, meta)}, backend "
                       f"`{full_results.get('backend')}`, `docs/results/{slug}.json`):", "",

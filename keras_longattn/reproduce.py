@@ -12,7 +12,18 @@ The notebook is executed with papermill (kernel ``python3``, which resolves
 to the Python running this command) into ``<output-dir>/<slug>.ipynb``, in
 ``<output-dir>`` as working directory, with its ``results_path`` parameter
 set to ``<slug>.json`` there. The command then prints the results that the
-notebook wrote.
+notebook wrote. The notebook writes them with
+:func:`keras_longattn.reproductions.provenance.write_results`, which records
+the run's provenance: the git commit, the hashes of the package's source
+files the kernel imported, the backend, the date and the machine.
+
+``--stale`` lists the committed full-size results (``docs/results/*.json``,
+or those of ``--output-dir``) whose sources changed since they ran: a result
+without provenance, or one whose recorded source files differ now (with the
+first commit that changed them, where git knows the recorded one). It prints
+nothing when every result is up to date, and exits with status 0 either way.
+``--stale --run`` executes the notebooks of the stale results again at full
+size, into the same folder, on the backend each recorded (or ``--backend``).
 
 Examples::
 
@@ -21,6 +32,8 @@ Examples::
     keras-longattn reproduce --all --output-dir build/notebooks
     keras-longattn reproduce quickstart -p steps=50 -p dim=32
     keras-longattn reproduce --list
+    keras-longattn reproduce --stale
+    keras-longattn reproduce --stale --run
 
 The same command is ``python -m keras_longattn.reproduce``. Only the standard
 library is imported at module level; papermill is imported when a notebook
@@ -41,6 +54,7 @@ from typing import Any, Mapping, Sequence
 
 __all__ = [
     "DEFAULT_OUTPUT_DIR",
+    "FULL_RESULTS_DIR",
     "METADATA_KEY",
     "ReproductionError",
     "add_arguments",
@@ -54,10 +68,13 @@ __all__ = [
     "notebook_parameters",
     "resolve_parameters",
     "run",
+    "stale_results",
 ]
 
 #: Where executed notebooks and their JSON results go by default.
 DEFAULT_OUTPUT_DIR = "build/notebooks"
+#: The committed full-size runs, relative to the checkout (``--stale``).
+FULL_RESULTS_DIR = "docs/results"
 #: Key of the notebook metadata this command reads.
 METADATA_KEY = "keras_longattn"
 #: Name of the kernel the notebooks run on.
@@ -72,6 +89,8 @@ examples:
   keras-longattn reproduce --all --backend torch       # every notebook, on PyTorch
   keras-longattn reproduce quickstart -p steps=50      # override one parameter
   keras-longattn reproduce --list                      # the notebooks and their full sizes
+  keras-longattn reproduce --stale                     # committed results whose sources changed
+  keras-longattn reproduce --stale --run               # ... and re-run those at full size
 """
 
 
@@ -84,13 +103,17 @@ class ReproductionError(RuntimeError):
 # ---------------------------------------------------------------------------
 
 
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
 def default_notebooks_dir() -> Path:
     """``$KERAS_LONGATTN_NOTEBOOKS``, else ``notebooks/`` of the source
     checkout this package is installed from, else ``./notebooks``."""
     env = os.environ.get(NOTEBOOKS_ENV_VAR)
     if env:
         return Path(env)
-    checkout = Path(__file__).resolve().parents[1] / "notebooks"
+    checkout = _checkout_root() / "notebooks"
     if checkout.is_dir():
         return checkout
     return Path.cwd() / "notebooks"
@@ -412,8 +435,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "(default: the CI size, the notebook's own defaults)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="Keras backend (default: the notebook's default)")
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
-                        help=f"where executed notebooks and results go ({DEFAULT_OUTPUT_DIR})")
+    parser.add_argument("--output-dir", default=None,
+                        help=f"where executed notebooks and results go (default: "
+                             f"{DEFAULT_OUTPUT_DIR}; with --stale: {FULL_RESULTS_DIR} of the "
+                             f"checkout, whose results are checked and re-run in place)")
     parser.add_argument("--notebooks-dir", default=None,
                         help="where the notebooks are (default: notebooks/ of the checkout)")
     parser.add_argument("-p", "--parameter", dest="parameters", action="append", default=[],
@@ -424,6 +449,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--log-output", action="store_true",
                         help="stream the notebook's outputs while it runs")
     parser.add_argument("--list", action="store_true", help="list the notebooks and exit")
+    parser.add_argument("--stale", action="store_true",
+                        help=f"list the results of {FULL_RESULTS_DIR} (or --output-dir) whose "
+                             "sources changed since they ran, or that record no provenance "
+                             "(SLUGs: only those); exit status 0 either way")
+    parser.add_argument("--run", action="store_true",
+                        help="with --stale: execute the stale ones again at full size, into "
+                             "the same folder, on the backend each recorded (or --backend)")
     return parser
 
 
@@ -447,39 +479,47 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs ``reproduce`` with parsed arguments; returns the exit status."""
-    notebooks_dir = Path(args.notebooks_dir) if args.notebooks_dir else default_notebooks_dir()
-    if args.list:
-        print(_format_listing(notebooks_dir))
-        return 0
-    available = list_notebooks(notebooks_dir)
-    if args.all:
-        slugs = available
-        if not slugs:
-            print(f"reproduce: no notebooks in {notebooks_dir}", file=sys.stderr)
-            return 2
-    else:
-        slugs = list(args.slugs)
-    if not slugs:
-        print(f"reproduce: name a notebook or give --all (notebooks: {', '.join(available) or 'none'})",
-              file=sys.stderr)
-        return 2
-    slugs = [slug[:-len(".ipynb")] if slug.endswith(".ipynb") else slug for slug in slugs]
-    overrides = dict(args.parameters)
+def stale_results(directory: str | os.PathLike | None = None) -> list:
+    """The provenance check of every results JSON of ``directory`` (default:
+    ``docs/results`` of the checkout), as
+    :class:`keras_longattn.reproductions.provenance.Staleness` records (up
+    to date ones included), by name."""
+    from keras_longattn.reproductions import provenance
+
+    directory = Path(directory) if directory is not None else _checkout_root() / FULL_RESULTS_DIR
+    return provenance.check_directory(directory, root=_checkout_root())
+
+
+def _recorded_backend(path: Path) -> str | None:
+    """The backend a results file says its run used (``None`` if unknown)."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(results, dict):
+        return None
+    backend = results.get("backend") or (results.get("provenance") or {}).get("backend")
+    return backend if backend in BACKENDS else None
+
+
+def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespace, *,
+                 full: bool, output_dir: str | os.PathLike, notebooks_dir: Path,
+                 overrides: Mapping[str, Any]) -> int:
+    """Executes each ``(slug, backend)`` of ``plan``, prints the results;
+    returns 1 when one failed, else 0."""
     done: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
-    for slug in slugs:
-        size = "full size" if args.full else "CI size"
-        print(f"[reproduce] {slug}: {size}, backend {args.backend or 'default'} -> "
-              f"{Path(args.output_dir) / (slug + '.ipynb')}", flush=True)
+    for slug, backend in plan:
+        size = "full size" if full else "CI size"
+        print(f"[reproduce] {slug}: {size}, backend {backend or 'default'} -> "
+              f"{Path(output_dir) / (slug + '.ipynb')}", flush=True)
         try:
             done[slug] = execute_notebook(
                 slug,
-                full=args.full,
-                backend=args.backend,
+                full=full,
+                backend=backend,
                 overrides=overrides,
-                output_dir=args.output_dir,
+                output_dir=output_dir,
                 notebooks_dir=notebooks_dir,
                 log_output=args.log_output,
                 timeout=args.timeout,
@@ -497,6 +537,72 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n[reproduce] failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _strip_suffix(slug: str) -> str:
+    return slug[:-len(".ipynb")] if slug.endswith(".ipynb") else slug
+
+
+def _run_stale(args: argparse.Namespace, notebooks_dir: Path) -> int:
+    """``--stale`` (and ``--stale --run``)."""
+    if args.parameters:
+        print("reproduce: --stale re-runs at the full size of each notebook; "
+              "-p does not apply to it", file=sys.stderr)
+        return 2
+    directory = (Path(args.output_dir) if args.output_dir is not None
+                 else _checkout_root() / FULL_RESULTS_DIR)
+    if not directory.is_dir():
+        print(f"reproduce: no results folder {directory}: nothing to check", file=sys.stderr)
+        return 0
+    try:
+        checks = stale_results(directory)
+    except ValueError as error:
+        print(f"reproduce: {error}", file=sys.stderr)
+        return 1
+    if args.slugs:
+        wanted = {_strip_suffix(slug) for slug in args.slugs}
+        checks = [check for check in checks if check.name in wanted]
+    stale = [check for check in checks if check.stale]
+    if stale:
+        from keras_longattn.reproductions.provenance import format_stale
+
+        print(format_stale(stale), flush=True)
+    if not args.run or not stale:
+        return 0
+    plan = [(check.name, args.backend or _recorded_backend(check.path)) for check in stale]
+    print(f"[reproduce] re-running {len(plan)} stale result(s) at full size into {directory}",
+          flush=True)
+    return _execute_all(plan, args, full=True, output_dir=directory,
+                        notebooks_dir=notebooks_dir, overrides={})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``reproduce`` with parsed arguments; returns the exit status."""
+    notebooks_dir = Path(args.notebooks_dir) if args.notebooks_dir else default_notebooks_dir()
+    if args.list:
+        print(_format_listing(notebooks_dir))
+        return 0
+    if args.run and not args.stale:
+        print("reproduce: --run goes with --stale (re-run the stale results)", file=sys.stderr)
+        return 2
+    if args.stale:
+        return _run_stale(args, notebooks_dir)
+    available = list_notebooks(notebooks_dir)
+    if args.all:
+        slugs = available
+        if not slugs:
+            print(f"reproduce: no notebooks in {notebooks_dir}", file=sys.stderr)
+            return 2
+    else:
+        slugs = list(args.slugs)
+    if not slugs:
+        print(f"reproduce: name a notebook or give --all (notebooks: {', '.join(available) or 'none'})",
+              file=sys.stderr)
+        return 2
+    output_dir = args.output_dir if args.output_dir is not None else DEFAULT_OUTPUT_DIR
+    plan = [(_strip_suffix(slug), args.backend) for slug in slugs]
+    return _execute_all(plan, args, full=args.full, output_dir=output_dir,
+                        notebooks_dir=notebooks_dir, overrides=dict(args.parameters))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

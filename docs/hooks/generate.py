@@ -22,8 +22,9 @@ reload); a new key replaces the step's older folders. The inputs:
   ``mkdocs serve`` are drawn from the new code;
 * ``benchmarks``: the benchmark JSON the page is made from;
 * ``notebooks``: ``notebooks/*.ipynb``, the executed copies and results of
-  ``build/notebooks/`` and the committed runs of ``docs/results/`` (and the
-  date, which the index prints).
+  ``build/notebooks/``, the committed runs of ``docs/results/``, whether each
+  of those is stale against the package's sources (``gen.stale_checks``:
+  the pages show a note when it is) and the date, which the index prints.
 
 ``KERAS_LONGATTN_DOCS_CACHE`` sets another folder than
 ``build/docs-generated``.
@@ -145,6 +146,9 @@ def step_key(step: str, gen, root: Path) -> str:
         key.files(gen.NOTEBOOKS_BUILD, "*.ipynb")
         key.files(gen.NOTEBOOKS_BUILD, "*.json")
         key.files(gen.NOTEBOOKS_FULL, "*")
+        key.value("stale", sorted(
+            (slug, check.stale, check.note())
+            for slug, check in gen.stale_checks(gen.NOTEBOOKS_FULL, root).items()))
         key.value("date", datetime.now().strftime("%Y-%m-%d"))
     else:
         raise ValueError(f"unknown step {step!r}")
