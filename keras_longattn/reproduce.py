@@ -365,23 +365,75 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def format_results(results_by_slug: Mapping[str, Mapping[str, Any]]) -> str:
-    """A plain-text table per notebook: its metrics, then the run's facts."""
+def _clip(text: Any, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    line = lambda cells: indent + "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _full_size_record(slug: str, full_results_dir: Path | None) -> tuple[dict, str]:
+    """The committed full-size results of ``slug`` (or ``{}``) and a line
+    saying where they are and whether they are stale."""
+    if full_results_dir is None:
+        return {}, ""
+    path = Path(full_results_dir) / f"{slug}.json"
+    if not path.is_file():
+        return {}, f"full-size result: none committed ({path})"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        return {}, f"full-size result: {path} unreadable ({error})"
+    from keras_longattn.reproductions import provenance
+
+    check = provenance.check_results(path, root=_checkout_root())
+    state = check.note() or "up to date with the sources"
+    return record, f"full-size result: {path} ({state})"
+
+
+def format_results(results_by_slug: Mapping[str, Mapping[str, Any]],
+                   full_results_dir: str | os.PathLike | None = None) -> str:
+    """Per notebook: each claim with the paper's number, this run's
+    (mean ± spread over the seeds, as the notebook states it), the verdict
+    at this run's size and at full size (from ``full_results_dir``, the
+    committed runs, when given), where the full-size result is and whether
+    it is stale; then the run's metrics and facts."""
     blocks = []
+    full_dir = None if full_results_dir is None else Path(full_results_dir)
     for slug, results in results_by_slug.items():
         info = results.get("reproduce", {})
-        rows = [(name, _fmt(value)) for name, value in (results.get("metrics") or {}).items()]
-        rows += [
-            ("backend", str(results.get("backend", "?"))),
-            ("size", str(info.get("size", "?"))),
-            ("notebook wall time s", _fmt(results.get("wall_time_s"))),
-            ("total wall time s", _fmt(info.get("total_wall_time_s"))),
-        ]
-        width = max(len(name) for name, _ in rows)
-        value_width = max(len(value) for _, value in rows)
-        lines = [f"{slug}", f"{'metric':<{width}}  {'value':>{value_width}}",
-                 f"{'-' * width}  {'-' * value_width}"]
-        lines += [f"{name:<{width}}  {value:>{value_width}}" for name, value in rows]
+        size = str(info.get("size", "?"))
+        lines = [f"{slug}: {size} size, backend {results.get('backend', '?')}, "
+                 f"notebook {_fmt(results.get('wall_time_s'))} s "
+                 f"(total {_fmt(info.get('total_wall_time_s'))} s)"]
+        full, where = _full_size_record(slug, full_dir)
+        full_verdicts = {c.get("name"): c.get("verdict") for c in full.get("claims") or []}
+        claims = results.get("claims") or []
+        if claims:
+            rows = []
+            for claim in claims:
+                mark = "" if claim.get("asserted") else " (reported)"
+                rows.append([
+                    _clip(claim.get("name", "?"), 36),
+                    f"{claim.get('verdict', '?')}{mark}",
+                    str(full_verdicts.get(claim.get("name"), "-")) if full else "-",
+                    _clip(claim.get("paper", ""), 40),
+                    _clip(claim.get("ours", ""), 120),
+                ])
+            lines += _table(["claim", "verdict here", "full size", "paper",
+                             f"ours ({size} size)"], rows)
+        else:
+            lines.append("  (this notebook states no claims)")
+        if where:
+            lines.append(where)
+        metrics = [(name, _fmt(value)) for name, value in (results.get("metrics") or {}).items()]
+        if metrics:
+            lines.append("metrics:")
+            lines += _table(["metric", "value"], [[n, v] for n, v in metrics])
         if info.get("output"):
             lines.append(f"executed notebook: {info['output']}")
         if info.get("results"):
@@ -532,7 +584,7 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
               flush=True)
     if done:
         print()
-        print(format_results(done))
+        print(format_results(done, full_results_dir=_checkout_root() / FULL_RESULTS_DIR))
     if failed:
         print(f"\n[reproduce] failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -122,3 +122,25 @@ def test_format_results():
     })
     assert "demo" in text and "3.142" in text and "1,200" in text and "jax" in text
     assert "build/notebooks/demo.ipynb" in text
+
+
+def test_format_results_prints_claims_with_both_verdicts(tmp_path):
+    """Each claim of a run: the paper's number, ours, the verdict at this
+    size and at full size (the committed run), and where that run is."""
+    claim = {"name": "speedup", "statement": "s", "paper": "3x at n=4096",
+             "ours": "2.1x (±0.2, 3 seeds)", "verdict": "direction only", "asserted": False}
+    full = dict(claim, ours="3.2x", verdict="reproduced")
+    (tmp_path / "demo.json").write_text(json.dumps({"claims": [full]}))
+    text = reproduce.format_results(
+        {"demo": {"claims": [claim], "metrics": {"bits": 1.0}, "backend": "torch",
+                  "reproduce": {"size": "ci"}}},
+        full_results_dir=tmp_path,
+    )
+    row = next(line for line in text.splitlines() if line.strip().startswith("speedup"))
+    assert "3x at n=4096" in row and "2.1x (±0.2, 3 seeds)" in row
+    assert "direction only (reported)" in row and "reproduced" in row
+    assert row.index("direction only") < row.index("reproduced") < row.index("3x at")
+    assert f"full-size result: {tmp_path / 'demo.json'}" in text
+    assert "Stale: no provenance recorded" in text  # the typed file has none
+    missing = reproduce.format_results({"other": {"claims": [claim]}}, full_results_dir=tmp_path)
+    assert "none committed" in missing
