@@ -7,7 +7,7 @@ from keras_longattn.models._validation import check_int
 from keras_longattn.models._validation import check_rate
 from keras_longattn.models.layer_pattern import validate_layer_pattern
 from keras_longattn.models.position_embedding import PositionEmbedding
-from keras_longattn.models.sublayer_stack import stack_sublayers
+from keras_longattn.models.sublayer_stack import build_sublayers
 
 POSITIONS = ("learned", "rotary", None)
 DEFAULT_NUM_LAYERS = 2
@@ -82,7 +82,7 @@ def transformer_body(
     model, a ``max_length`` below ``attention_length``) are refused with a
     ``ValueError`` whose message repeats ``context``: the builder arguments
     that fixed ``causal`` and ``attention_length``."""
-    sublayers = stack_sublayers(
+    sublayers = build_sublayers(
         pattern,
         attention,
         dim=dim,

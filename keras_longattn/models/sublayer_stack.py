@@ -22,6 +22,7 @@ def build_sublayers(
     rotary_max_wavelength=None,
     sequence_length=None,
     name_prefix="sublayer",
+    context=None,
 ):
     """The residual sublayers of ``layer_pattern``, bottom first.
 
@@ -79,6 +80,10 @@ def build_sublayers(
             Optional.
         name_prefix: sublayer ``k`` is named ``f"{name_prefix}_{k}_attention"``
             or ``f"{name_prefix}_{k}_feedforward"``.
+        context: for the model builders, the builder arguments behind
+            ``causal`` and ``sequence_length``, named in the messages of
+            refused attention layers (see
+            ``_attention_config.check_capabilities``). Optional.
 
     Returns:
         A list of ``len(layer_pattern)`` unbuilt layers.
@@ -98,42 +103,6 @@ def build_sublayers(
     >>> tuple(x.shape)
     (2, 24, 16)
     """
-    return stack_sublayers(
-        layer_pattern,
-        attention,
-        dim=dim,
-        num_heads=num_heads,
-        feedforward_dim=feedforward_dim,
-        dropout=dropout,
-        activation=activation,
-        normalize_first=normalize_first,
-        causal=causal,
-        rotary_max_wavelength=rotary_max_wavelength,
-        sequence_length=sequence_length,
-        name_prefix=name_prefix,
-    )
-
-
-def stack_sublayers(
-    layer_pattern,
-    attention=None,
-    *,
-    dim,
-    num_heads=4,
-    feedforward_dim=None,
-    dropout=0.0,
-    activation="gelu",
-    normalize_first=True,
-    causal=False,
-    rotary_max_wavelength=None,
-    sequence_length=None,
-    name_prefix="sublayer",
-    context=None,
-):
-    """:func:`build_sublayers` for the model builders: ``context`` names
-    the builder arguments behind ``causal`` and ``sequence_length`` in the
-    messages of refused attention layers (see
-    ``_attention_config.check_capabilities``)."""
     layer_pattern = validate_layer_pattern(layer_pattern)
     dim = check_int("dim", dim)
     num_heads = check_int("num_heads", num_heads)
