@@ -112,6 +112,28 @@ def lock_held_by_another_process(path):
         holder.wait(timeout=60)
 
 
+def test_a_build_leaves_the_build_key_unchanged(tmp_path, monkeypatch):
+    """The key of this process's build does not change when a build runs in
+    it (torch appends its libraries to ``extra_ldflags`` in place: the
+    flags given to it must be copies)."""
+    before = native.build_target()[0]
+    calls = []
+
+    def fake_load(**kwargs):
+        kwargs["extra_ldflags"].append("-lsomething")
+        kwargs["extra_cflags"].append("-DSOMETHING")
+        calls.append(kwargs["name"])
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setattr(native, "_build_root", lambda: str(tmp_path))
+    monkeypatch.setattr(native.torch.ops, "keras_longattn_band", object(), raising=False)
+    native._build(timeout=0)
+    assert calls == [before]
+    assert native.build_target()[0] == before
+
+
 @pytest.fixture(scope="module")
 def name():
     """The extension's name here (``keras_longattn_band_<key>``)."""

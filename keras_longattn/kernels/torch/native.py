@@ -238,8 +238,10 @@ def _build(timeout):
         cpp_extension.load(
             name=name,
             sources=[_SOURCE],
-            extra_cflags=_FLAGS,
-            extra_ldflags=_LDFLAGS,
+            # Copies: torch appends its own libraries to extra_ldflags in
+            # place, which would change this process's build key.
+            extra_cflags=list(_FLAGS),
+            extra_ldflags=list(_LDFLAGS),
             build_directory=folder,
             is_python_module=False,
             verbose=False,
