@@ -47,7 +47,7 @@ rm -rf "$LOGS" && mkdir -p "$LOGS"
 # One backend's unit tests in one pytest process; its output goes to a log
 # that is printed whole when the run ends (two lanes never interleave lines).
 unit_tests() {
-  local backend=$1 s rc xla_flags
+  local backend=$1 s rc xla_flags label="${UNIT_LABEL:-$1}"
   shift
   s=$(date +%s)
   xla_flags="${XLA_FLAGS:-}"
@@ -60,14 +60,14 @@ unit_tests() {
     xla_flags="$xla_flags --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
   fi
   XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider --durations=15 "$@" \
-    >"$LOGS/unit-$backend.log" 2>&1
+    >"$LOGS/unit-$label.log" 2>&1
   rc=$?
   if [ $rc -eq 5 ]; then
-    echo "[test] $backend: no tests collected" >>"$LOGS/unit-$backend.log"
+    echo "[test] $label: no tests collected" >>"$LOGS/unit-$label.log"
     rc=0
   fi
-  show "$LOGS/unit-$backend.log" "unit tests, KERAS_BACKEND=$backend"
-  record "unit tests ($backend): rc=$rc, $(( $(date +%s) - s ))s" $rc
+  show "$LOGS/unit-$label.log" "unit tests, KERAS_BACKEND=$backend ($label)"
+  record "unit tests ($label): rc=$rc, $(( $(date +%s) - s ))s" $rc
   return $rc
 }
 
@@ -110,14 +110,30 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   # layers of its own run, which share the machine alike; the two slowest
   # notebooks first, in different shares: about 5.5 min each at CI size),
   # then the docs.
-  echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}"
+  # The first backend's unit tests take longest (JAX compiles): with no
+  # pytest arguments, the files of LANE2_TESTS run for it in lane 2, after
+  # the other backends, in a second pytest process (sharing the compilation
+  # cache), so that the lanes end together.
+  lane1_args=("$@")
+  lane2_split=()
+  if [ $# -eq 0 ]; then
+    for path in ${LANE2_TESTS-tests/layers/test_properties.py}; do
+      [ -e "$path" ] || continue
+      lane1_args+=("--ignore=$path")
+      lane2_split+=("$path")
+    done
+  fi
+  echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}${lane2_split:+ + ${backends[0]} on ${lane2_split[*]}}"
   (
-    unit_tests "${backends[0]}" "$@"
+    unit_tests "${backends[0]}" "${lane1_args[@]}"
     [ $with_extra -eq 1 ] && extra lra lra
   ) &
   lane1=$!
   (
     for backend in "${backends[@]:1}"; do unit_tests "$backend" "$@"; done
+    if [ ${#lane2_split[@]} -gt 0 ]; then
+      UNIT_LABEL="${backends[0]}-lane2" unit_tests "${backends[0]}" "${lane2_split[@]}"
+    fi
     [ $with_extra -eq 1 ] && extra notebooks notebooks
   ) &
   lane2=$!
