@@ -282,6 +282,11 @@ class BaseAttention(keras.layers.Layer):
                     f"The feature size (last axis) of `{name}` must be known. "
                     f"Received: {name}.shape={shape}"
                 )
+            if shape[-1] == 0:
+                raise ValueError(
+                    f"The feature size (last axis) of `{name}` must be at least 1 "
+                    f"(the projections have nothing to read). Received: {name}.shape={shape}"
+                )
         self._query_shape = query_shape
         self._value_shape = value_shape
         self._key_shape = key_shape

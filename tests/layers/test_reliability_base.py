@@ -122,3 +122,14 @@ def test_rotary_positions_with_a_length_unknown_while_tracing():
         predicted = model.predict(x, verbose=0)
         direct = to_np(layer(x, x, use_causal_mask=True))
         np.testing.assert_allclose(predicted, direct, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["query", "value"])
+def test_inputs_without_features_are_refused_at_build(which):
+    """A feature axis of size 0 is refused when the layer is built, naming
+    the input (before: accepted, with outputs of 0 features)."""
+    shapes = {"query": (2, 5, F), "value": (2, 5, F)}
+    shapes[which] = (2, 5, 0)
+    layer = LocalAttention(num_heads=2, key_dim=8, window=3)
+    with pytest.raises(ValueError, match=rf"`{which}` must be at least 1.*{which}.shape=\(2, 5, 0\)"):
+        layer(np.zeros(shapes["query"], "float32"), np.zeros(shapes["value"], "float32"))
