@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import copy
 import html
-import importlib.util
 import json
 import logging
 import math
@@ -78,9 +77,6 @@ NOTEBOOKS_BUILD = ROOT / "build" / "notebooks"
 #: --output-dir docs/results``): shown in the docs in place of the CI-size
 #: run of the build when present.
 NOTEBOOKS_FULL = DOCS / "results"
-#: The provenance module of the package, loaded from its file (the docs
-#: process does not import keras_longattn).
-PROVENANCE_SOURCE = ROOT / "keras_longattn" / "reproductions" / "provenance.py"
 GUIDES = DOCS / "guides"
 
 #: Sequence length of the pattern figures.
@@ -883,28 +879,14 @@ def _results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def load_provenance(path: Path = PROVENANCE_SOURCE):
-    """``keras_longattn/reproductions/provenance.py`` loaded from its file
-    (standard library only; no ``keras_longattn`` import, no bytecode
-    written)."""
-    name = "keras_longattn_docs_provenance"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolves the module's annotations through sys.modules.
-    sys.modules[name] = module
-    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.dont_write_bytecode = dont_write
-    return module
-
-
 def stale_checks(full: Path = NOTEBOOKS_FULL, root: Path = ROOT) -> dict:
     """``{slug: Staleness}`` of the committed results ``full/*.json`` against
     the sources under ``root`` (the check of ``keras-longattn reproduce
     --stale``)."""
-    provenance = load_provenance()
+    # Standard library only (keras_longattn's package imports load no
+    # backend).
+    from keras_longattn.reproductions import provenance
+
     return {check.name: check for check in provenance.check_directory(full, root)}
 
 

@@ -245,11 +245,11 @@ class LSHAttention(BaseAttention):
         """``(buckets, num_buckets, valid)`` of a call: int32
         ``(B, num_hashes * H, n)``, the static bucket count and the boolean
         ``(B, n)`` tokens that take part (or None)."""
-        rot, columns, valid, c = self._hash_inputs(query, context)
-        return lsh_ops.hash_buckets(query, rot, columns, valid), 2 * c, valid
+        rot, valid, c = self._hash_inputs(query, context)
+        return lsh_ops.hash_buckets(query, rot, valid), 2 * c, valid
 
     def _hash_inputs(self, query, context):
-        """``(rotations, columns, valid, c)``: the arguments of
+        """``(rotations, valid, c)``: the arguments of
         :func:`keras_longattn.ops.lsh.hash_buckets` (or a backend's faster
         form of it) after the query, and the column count ``c``.
 
@@ -260,9 +260,8 @@ class LSHAttention(BaseAttention):
         been compiled in the same process."""
         c = self._columns(context.query_length)
         valid = self._valid_tokens(context)
-        columns = ops.full((ops.shape(query)[0],), c, dtype="int32")
         rot = self.rotations(c, context.training)
-        return rot, columns, valid, c
+        return rot, valid, c
 
     def buckets(self, query, query_mask=None, training=False):
         """The buckets the layer's attention uses for inputs ``query``
@@ -335,8 +334,8 @@ class LSHAttention(BaseAttention):
         (``keras_longattn.kernels.torch.lsh``)."""
         kernel = backend_ops().lsh
         query = self._zero_padding(query, self._valid_tokens(context))
-        rot, columns, valid, c = self._hash_inputs(query, context)
-        buckets = kernel.hash_buckets(query, rot, columns, valid)
+        rot, valid, c = self._hash_inputs(query, context)
+        buckets = kernel.hash_buckets(query, rot, valid)
         return kernel.lsh_attention(
             query,
             lsh_ops.shared_keys(query),

@@ -234,15 +234,6 @@ class NystromAttention(BaseAttention):
             )
         elif context.padding.key_mask is not None:
             key_rows = ops.cast(context.padding.key_mask, "bool")
-        # Padded heads enter the explicit averaging matrices as zeros: a
-        # padded position's weight there is 0, but 0 * NaN is NaN (heads
-        # given to attend() are not zeroed by the call's projections).
-        if context.padding.query_mask is not None:
-            keep = ops.cast(context.padding.query_mask, "bool")[:, :, None, None]
-            query = ops.where(keep, query, ops.zeros_like(query))
-        if context.padding.key_mask is not None:
-            keep = ops.cast(context.padding.key_mask, "bool")[:, :, None, None]
-            key = ops.where(keep, key, ops.zeros_like(key))
         weights = nystrom_ops.nystrom_weights(
             query,
             key,

@@ -46,21 +46,18 @@ def rotation_columns(length, bucket_size, num_buckets=None):
     return max(1, -(-int(length) // (2 * int(bucket_size))))
 
 
-def hash_buckets(x, rotations, columns, valid=None):
+def hash_buckets(x, rotations, valid=None):
     """Angular LSH buckets of every round and head.
 
-    Bucket of ``x`` with rotation ``Rot`` (its first ``columns`` columns):
+    Bucket of ``x`` with rotation ``Rot`` (``c`` columns):
     ``argmax([x Rot, -x Rot])``, numbered ``j`` for column ``j`` of
-    ``x Rot`` and ``c + j`` for column ``j`` of ``-x Rot`` (``c`` the static
-    number of columns). The products and the argmax are float32 whatever
+    ``x Rot`` and ``c + j`` for column ``j`` of ``-x Rot``. The products and the argmax are float32 whatever
     the dtype of ``x`` (a bucket must not follow the rounding of a low
     compute dtype). No gradient.
 
     Args:
         x: ``(B, n, H, d)`` vectors to hash (the shared queries).
         rotations: float32 ``(R, c, H, d)``.
-        columns: int ``(B,)``: columns used by each example (its number of
-            buckets is twice that).
         valid: optional boolean ``(B, n)``; False: bucket ``2c`` (no bucket).
 
     Returns:
@@ -69,13 +66,10 @@ def hash_buckets(x, rotations, columns, valid=None):
     """
     x = ops.stop_gradient(ops.cast(x, "float32"))
     num_rounds, c = rotations.shape[0], rotations.shape[1]
-    col_ok = ops.arange(c, dtype="int32")[None, :] < ops.cast(columns, "int32")[:, None]
-    col_ok = col_ok[:, None, None, :]  # (B, 1, 1, c)
     rounds = []
     for r in range(num_rounds):
         proj = ops.einsum("bnhd,chd->bhnc", x, rotations[r])  # (B, H, n, c)
-        score = ops.where(col_ok, ops.abs(proj), -1.0)
-        j = ops.cast(ops.argmax(score, axis=-1), "int32")  # (B, H, n)
+        j = ops.cast(ops.argmax(ops.abs(proj), axis=-1), "int32")  # (B, H, n)
         value = ops.take_along_axis(proj, j[..., None], axis=-1)[..., 0]
         rounds.append(j + ops.cast(ops.where(value < 0.0, c, 0), "int32"))
     buckets = ops.concatenate(rounds, axis=1) if num_rounds > 1 else rounds[0]

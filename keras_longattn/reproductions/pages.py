@@ -68,7 +68,8 @@ A value with spaces is written in double quotes (``join=" / "``).
 ``python -m keras_longattn.reproductions.pages --check`` lists the regions
 whose text differs from what the files give (and the markers it cannot
 read) and exits with status 1 when there is one; ``--write`` rewrites them
-in place. Only the standard library is imported.
+in place. Only the standard library is imported (and, for the claims
+tables, :mod:`keras_longattn.reproductions.claims`, which needs NumPy).
 """
 
 from __future__ import annotations
@@ -547,15 +548,20 @@ def _claims_table(claims: Any, only: str | None) -> str:
             raise PageError(f"only={only}: no claim named {', '.join(missing)} "
                             f"(claims: {', '.join(str(n) for n in names)})")
         claims = [c for c in claims if c.get("name") in wanted]
-    lines = ["| claim | paper | ours (mean ± spread over seeds) | verdict |", "|---|---|---|---|"]
+    from keras_longattn.reproductions.claims import Claim, claims_table
+
+    rows = []
     for claim in claims:
         try:
-            verdict = claim["verdict"] + (" (asserted)" if claim.get("asserted") else "")
-            lines.append(f"| {claim['statement']} | {claim.get('paper') or '—'} | "
-                         f"{claim['ours']} | {verdict} |")
+            rows.append(Claim(name=claim.get("name"), statement=claim["statement"],
+                              paper=claim.get("paper"), ours=claim["ours"],
+                              verdict=claim["verdict"],
+                              asserted=bool(claim.get("asserted"))))
         except KeyError as error:
             raise PageError(f"claim {claim.get('name')!r} has no {error.args[0]!r}") from None
-    return "\n".join(lines)
+        except ValueError as error:
+            raise PageError(f"claim {claim.get('name')!r}: {error}") from None
+    return claims_table(rows)
 
 
 def _provenance_sentence(name: str, sources: Sources) -> str:

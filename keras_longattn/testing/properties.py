@@ -413,11 +413,7 @@ class AttentionLayerProperties:
         """The dense reference of ``layer``'s own pattern on the same weights
         (as the conformance suite: a clone with
         ``implementation="reference"``)."""
-        config = layer.get_config()
-        config["implementation"] = "reference"
-        ref = type(layer).from_config(config)
-        ref.build(tuple(query.shape), tuple(value.shape))
-        ref.set_weights(layer.get_weights())
+        ref = self._path_layer(layer, "reference", tuple(query.shape), tuple(value.shape))
         out = call_layer(ref, query, value, jit=self.jit_on_jax, **call_kwargs)
         assert ref.last_implementation == "reference"
         return out
@@ -782,13 +778,13 @@ class AttentionLayerProperties:
         check()
 
     # ------------------------------------------- padding inert, every path
-    def _path_layer(self, layer, name, shape):
+    def _path_layer(self, layer, name, query_shape, value_shape=None):
         """A clone of ``layer`` with ``implementation=name`` and its
         weights."""
         config = layer.get_config()
         config["implementation"] = name
         clone = type(layer).from_config(config)
-        clone.build(shape, shape)
+        clone.build(query_shape, value_shape or query_shape)
         clone.set_weights(layer.get_weights())
         return clone
 

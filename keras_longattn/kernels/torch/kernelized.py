@@ -229,23 +229,6 @@ class _KernelAttention(torch.autograd.Function):
         )
 
 
-def _output_is_empty(qf, value, head_major):
-    """Whether the ``(B, T, H, D)`` output has no element."""
-    B, _, H, D = value.shape
-    return B * qf.shape[2 if head_major else 1] * H * D == 0
-
-
-def _empty_output(qf, kf, value, head_major):
-    """The empty ``(B, T, H, D)`` output (dtype of ``value``) of a call
-    with no batch, query, head or value column, tied to the inputs so that
-    a backward pass through it gives them zero gradients (the chunked
-    kernels cannot reshape empty tensors)."""
-    B, _, H, D = value.shape
-    T = qf.shape[2 if head_major else 1]
-    tie = (qf.sum() + kf.sum() + value.sum()) * 0
-    return value.new_zeros((B, T, H, D)) + tie.to(value.dtype)
-
-
 def _eager(fn):
     """Kept eager inside a ``torch.compile``-d model (the policy of
     :meth:`keras_longattn.kernels.torch.TorchOps.compile`)."""
@@ -280,8 +263,6 @@ def causal_kernel_attention(
     epsilon = check_epsilon(epsilon)
     dtype = value.dtype
     qf = query_features.float()
-    if _output_is_empty(qf, value, head_major):
-        return _empty_output(qf, key_features, value, head_major)
     kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
     out = _CausalKernelAttention.apply(
         qf, kf, v, chunk_size, epsilon, bool(head_major)
@@ -300,8 +281,6 @@ def kernel_attention(
     epsilon = check_epsilon(epsilon)
     dtype = value.dtype
     qf = query_features.float()
-    if _output_is_empty(qf, value, head_major):
-        return _empty_output(qf, key_features, value, head_major)
     kf, v = _mask_keys(key_features.float(), value.float(), key_mask, head_major)
     return _KernelAttention.apply(qf, kf, v, epsilon, bool(head_major)).to(dtype)
 
@@ -402,13 +381,6 @@ def softmax_kernel_features(
         float32 ``(B, n, H, m)``, or ``(B, H, n, m)`` when ``head_major``
         (the layout the attention functions take with ``head_major``).
     """
-    B, n, H, _ = x.shape
-    if B * n * H == 0:
-        # No position: empty features, tied to the inputs for backward.
-        m = projection.shape[0]
-        shape = (B, H, n, m) if head_major else (B, n, H, m)
-        tie = (x.float().sum() + projection.float().sum()) * 0
-        return torch.zeros(shape, dtype=torch.float32, device=x.device) + tie
     keep = None if mask is None else mask.to(torch.bool)
     return _SoftmaxKernelFeatures.apply(
         x.float(), projection.float(), bool(is_query), bool(causal), keep,

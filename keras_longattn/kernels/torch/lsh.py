@@ -373,7 +373,7 @@ MAX_PROJECTION = 1 << 22
 
 @torch.compiler.disable
 @torch.no_grad()
-def hash_buckets(x, rotations, columns, valid=None):
+def hash_buckets(x, rotations, valid=None):
     """:func:`keras_longattn.ops.lsh.hash_buckets` with fewer passes and
     every projection under :data:`MAX_PROJECTION` elements (a few heads at
     a time): the same products, the same argmax (the first of equal
@@ -382,7 +382,6 @@ def hash_buckets(x, rotations, columns, valid=None):
     Args:
         x: ``(B, n, H, d)`` torch tensor.
         rotations: float32 ``(R, c, H, d)``.
-        columns: int ``(B,)`` columns used by each example.
         valid: optional boolean ``(B, n)``; False: bucket ``2c``.
 
     Returns:
@@ -391,17 +390,14 @@ def hash_buckets(x, rotations, columns, valid=None):
     x = x.detach().to(torch.float32)
     rotations = rotations.to(torch.float32)
     B, n, H, _ = x.shape
-    R, c = rotations.shape[0], rotations.shape[1]
-    columns = columns.to(torch.int64)
-    masked = bool((columns < c).any())
-    col_ok = torch.arange(c)[None, :] < columns[:, None]  # (B, c)
+    c = rotations.shape[1]
     step = max(1, MAX_PROJECTION // max(1, B * n * c))
     threads = torch.get_num_threads()
     with _small_ops():
-        return _hash_rounds(x, rotations, columns, valid, masked, col_ok, step, threads)
+        return _hash_rounds(x, rotations, valid, step, threads)
 
 
-def _hash_rounds(x, rotations, columns, valid, masked, col_ok, step, threads):
+def _hash_rounds(x, rotations, valid, step, threads):
     B, n, H, _ = x.shape
     R, c = rotations.shape[0], rotations.shape[1]
     rounds = []
@@ -412,10 +408,7 @@ def _hash_rounds(x, rotations, columns, valid, masked, col_ok, step, threads):
             with _kernel_threads(threads):
                 proj = torch.einsum("bnhd,chd->bhnc", x[:, :, h0:h1], rotations[r, :, h0:h1])
             negative = proj < 0
-            score = proj.abs_()
-            if masked:
-                score.masked_fill_(~col_ok[:, None, None, :], -1.0)
-            j = torch.argmax(score, dim=-1, keepdim=True)
+            j = torch.argmax(proj.abs_(), dim=-1, keepdim=True)
             heads.append((j + c * torch.gather(negative, -1, j))[..., 0])
         rounds.append(torch.cat(heads, 1) if len(heads) > 1 else heads[0])
     buckets = torch.cat(rounds, 1) if R > 1 else rounds[0]
