@@ -267,6 +267,62 @@ def test_planted_bug_dropped_key_block_is_caught():
     assert rel_error(run(dropped), want) > 1e-2
 
 
+TILINGS = [
+    # Query rows and key chunks of half a block in every kernel.
+    dict(q_split=2, k_split=2, bwd_q_split=2, bwd_k_split=2),
+    # Quarter-block key chunks forward, half-block key tiles backward.
+    dict(q_split=1, k_split=4, bwd_q_split=1, bwd_k_split=2),
+]
+
+
+@jax_only
+@pytest.mark.parametrize("splits", TILINGS, ids=["halves", "mixed"])
+def test_kernel_split_tiles_equal_dense(splits):
+    """Programs holding parts of a layout block (the tilings used on GPUs)
+    compute the same values and gradients: a causal band with padding and
+    a per-example layout from the graph."""
+    import jax.numpy as jnp
+
+    pa, _ = _modules()
+    tiling = pa.Tiling(**splits)
+    B, n, H, b = 2, 64, 2, 16
+    q, k, v = _random_qkv(B, n, n, H, 8, 8, 7)
+    pattern = la_patterns.LocalPattern(11, 0)
+    valid = np.ones((B, n), bool)
+    valid[0, :5] = False
+    mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
+    layout = pa.band_layout(n, n, b, b, 11, 0)
+
+    def band(q, k, v):
+        return pa.block_sparse_attention(q, k, v, layout, predicate=pattern,
+                                         k_valid=jnp.asarray(valid), tiling=tiling)
+
+    _compare(band, q, k, v, mask, 1 / np.sqrt(8))
+    blocks = _example_block_masks(n // b, n // b, B, 8)
+    per_example = pa.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
+    dense = np.repeat(np.repeat(blocks, b, axis=1), b, axis=2)[:, None]
+
+    def graph_layout(q, k, v):
+        return pa.block_sparse_attention(q, k, v, per_example, tiling=tiling)
+
+    _compare(graph_layout, q, k, v, dense, 1 / np.sqrt(8))
+
+
+@jax_only
+def test_tiling_arguments_are_checked():
+    pa, _ = _modules()
+    with pytest.raises(ValueError, match="q_split"):
+        pa.Tiling(q_split=0)
+    with pytest.raises(ValueError, match="num_warps"):
+        pa.Tiling(num_warps=2.5)
+    q, k, v = _random_qkv(1, 32, 32, 1, 8, 8, 9)
+    layout = pa.band_layout(32, 32, 16, 16, 4, 4)
+    with pytest.raises(ValueError, match="k_split"):
+        pa.block_sparse_attention(q, k, v, layout, tiling=pa.Tiling(k_split=3))
+    with pytest.raises(ValueError, match="tiling"):
+        pa.block_sparse_attention(q, k, v, layout, tiling={"q_split": 2})
+
+
 @jax_only
 def test_layout_must_cover_the_sequence():
     pa, _ = _modules()

@@ -36,6 +36,7 @@ head size, dv value head size, bq / bk query / key block size, nq / nk
 number of query / key blocks, M width of a layout row.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -241,6 +242,59 @@ def _padded(group, total):
 
 
 # ------------------------------------------------------------- the kernel
+#: Fewest rows of a tile in a compiled kernel (Triton's matrix products).
+MIN_TILE = 16
+#: log2(e): logits are scaled by it so that the kernels use ``exp2``.
+LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """How the kernels cut a layout's blocks into the tiles one program
+    holds, and Triton's launch parameters on a GPU.
+
+    A program of the forward and ``dq`` kernels holds ``block_q //
+    q_split`` query rows and walks its layout row's key blocks in chunks of
+    ``block_k // k_split`` keys; a program of the ``dk``/``dv`` kernel
+    holds ``block_k // bwd_k_split`` keys and walks its column's query
+    blocks in chunks of ``block_q // bwd_q_split`` rows. A split tile uses
+    its block's layout row, so the visited pairs stay a superset of the
+    allowed ones (the predicate is exact). Splits of 1 run whole blocks.
+    """
+
+    q_split: int = 1
+    k_split: int = 1
+    bwd_q_split: int = 1
+    bwd_k_split: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("q_split", "k_split", "bwd_q_split", "bwd_k_split", "num_warps",
+                     "num_stages", "bwd_num_warps", "bwd_num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"`{name}` must be an integer >= 1. Received: {name}={value!r}")
+
+    def fitted(self, block_q, block_k, min_tile):
+        """This tiling with each split lowered until its tiles hold at least
+        ``min_tile`` rows (Triton's matrix products need 16), where the
+        blocks allow."""
+
+        def fit(split, block):
+            while split > 1 and block // split < min_tile:
+                split //= 2
+            return split
+
+        return dataclasses.replace(
+            self, q_split=fit(self.q_split, block_q), k_split=fit(self.k_split, block_k),
+            bwd_q_split=fit(self.bwd_q_split, block_q),
+            bwd_k_split=fit(self.bwd_k_split, block_k))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Config:
     predicate: object
@@ -248,6 +302,29 @@ class _Config:
     block_q: int
     block_k: int
     interpret: bool
+    tiling: Tiling = Tiling()
+
+    def compiler_params(self, backward=False):
+        """Triton's launch parameters where the kernel is compiled for a GPU
+        (they also select the Triton lowering over Mosaic GPU, which would
+        copy each program's whole-sequence blocks into shared memory)."""
+        if self.interpret or target_platform() == "tpu":
+            return None
+        from jax.experimental.pallas import triton as pl_triton
+
+        t = self.tiling
+        if backward:
+            return pl_triton.CompilerParams(num_warps=t.bwd_num_warps,
+                                            num_stages=t.bwd_num_stages)
+        return pl_triton.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def _tile(block, split, name):
+    size, rest = divmod(int(block), int(split))
+    if rest or size < 1:
+        raise ValueError(
+            f"`{name}` must divide the layout's block of {block}. Received: {name}={split}")
+    return size
 
 
 def _allowed(config, q_pos, k_pos, k_valid):
@@ -276,67 +353,85 @@ def _dot(a, b):
                            preferred_element_type=jnp.float32)
 
 
+def _chunk_start(table_ref, t, split, block, chunk):
+    """Start of chunk ``t`` of a layout row walked in ``split`` chunks of
+    ``chunk`` tokens per visited block of ``block``."""
+    if split == 1:
+        return pl.multiple_of(table_ref[t + 1] * block, block)
+    # lax.div / lax.rem: ``t`` is never negative, and Triton lowers them
+    # directly (jnp's floor division and modulo add sign corrections).
+    split = jnp.int32(split)
+    entry = table_ref[lax.div(t, split) + 1]
+    return pl.multiple_of(entry * block + lax.rem(t, split) * chunk, chunk)
+
+
 def _forward_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref,
                     o_ref, lse_ref, *, config):
-    bq, bk = config.block_q, config.block_k
+    split = config.tiling.k_split
+    tk = config.block_k // split
+    tq = q_ref.shape[0]
     dv = v_ref.shape[-1]
     q = q_ref[...]
     q_pos = qpos_ref[...][:, None]
-    count = rows_ref[0]
+    count = rows_ref[0] * split
+    # Base-2 logits: exp2(s * log2 e) == exp(s).
+    scale = config.scale * LOG2E
 
     def body(t, carry):
         m, l, acc = carry
-        start = pl.multiple_of(rows_ref[t + 1] * bk, bk)
-        sl = pl.ds(start, bk)
+        sl = pl.ds(_chunk_start(rows_ref, t, split, config.block_k, tk), tk)
         k = k_ref[sl, :]
         v = v_ref[sl, :]
         allowed = _allowed(config, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :])
-        s = _dot_t(q, k) * config.scale
+        s = _dot_t(q, k) * scale
         s = jnp.where(allowed, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # A row that has seen nothing yet keeps m = -inf: shift by 0.
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        alpha = jnp.exp(m - shift)
-        p = jnp.exp(s - shift[:, None])
+        alpha = jnp.exp2(m - shift)
+        p = jnp.exp2(s - shift[:, None])
         l = alpha * l + jnp.sum(p, axis=1)
         acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
         return m_new, l, acc
 
     init = (
-        jnp.full((bq,), -jnp.inf, jnp.float32),
-        jnp.zeros((bq,), jnp.float32),
-        jnp.zeros((bq, dv), jnp.float32),
+        jnp.full((tq,), -jnp.inf, jnp.float32),
+        jnp.zeros((tq,), jnp.float32),
+        jnp.zeros((tq, dv), jnp.float32),
     )
     m, l, acc = lax.fori_loop(0, count, body, init)
     seen = l > 0.0
     out = acc / jnp.where(seen, l, 1.0)[:, None]
     o_ref[...] = out.astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), MASKED_LOGIT)
+    # Natural-log log-sum-exp: (m + log2 l) / log2 e.
+    lse = (m + jnp.log2(jnp.where(seen, l, 1.0))) * (1.0 / LOG2E)
+    lse_ref[...] = jnp.where(seen, lse, MASKED_LOGIT)
 
 
-def _probs(config, q, k, q_pos, k_pos, k_valid, lse):
-    """Recomputed probabilities of a tile from the saved log-sum-exp."""
-    s = _dot_t(q, k) * config.scale
+def _probs(config, q, k, q_pos, k_pos, k_valid, lse2):
+    """Recomputed probabilities of a tile from the saved log-sum-exp (in
+    base 2: ``lse2 = lse * log2 e``)."""
+    s = _dot_t(q, k) * (config.scale * LOG2E)
     allowed = _allowed(config, q_pos, k_pos, k_valid)
-    return jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
+    return jnp.where(allowed, jnp.exp2(s - lse2[:, None]), 0.0)
 
 
 def _dq_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do_ref,
                lse_ref, delta_ref, dq_ref, *, config):
-    bk = config.block_k
+    split = config.tiling.k_split
+    tk = config.block_k // split
     q = q_ref[...]
     do = do_ref[...]
     q_pos = qpos_ref[...][:, None]
-    lse = lse_ref[...]
+    lse2 = lse_ref[...] * LOG2E
     delta = delta_ref[...]
-    count = rows_ref[0]
+    count = rows_ref[0] * split
 
     def body(t, dq):
-        start = pl.multiple_of(rows_ref[t + 1] * bk, bk)
-        sl = pl.ds(start, bk)
+        sl = pl.ds(_chunk_start(rows_ref, t, split, config.block_k, tk), tk)
         k = k_ref[sl, :]
         v = v_ref[sl, :]
-        p = _probs(config, q, k, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :], lse)
+        p = _probs(config, q, k, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :], lse2)
         dp = _dot_t(do, v)
         ds = p * (dp - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
@@ -347,20 +442,21 @@ def _dq_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do
 
 def _dkv_kernel(cols_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do_ref,
                 lse_ref, delta_ref, dk_ref, dv_ref, *, config):
-    bq = config.block_q
+    split = config.tiling.bwd_q_split
+    tq = config.block_q // split
     k = k_ref[...]
     v = v_ref[...]
     k_pos = kpos_ref[...][None, :]
     k_valid = kvalid_ref[...][None, :]
-    count = cols_ref[0]
+    count = cols_ref[0] * split
 
     def body(t, carry):
         dk, dv = carry
-        start = pl.multiple_of(cols_ref[t + 1] * bq, bq)
-        sl = pl.ds(start, bq)
+        sl = pl.ds(_chunk_start(cols_ref, t, split, config.block_q, tq), tq)
         q = q_ref[sl, :]
         do = do_ref[sl, :]
-        p = _probs(config, q, k, qpos_ref[sl][:, None], k_pos, k_valid, lse_ref[sl])
+        lse2 = lse_ref[sl] * LOG2E
+        p = _probs(config, q, k, qpos_ref[sl][:, None], k_pos, k_valid, lse2)
         dv = dv + _t_dot(p.astype(do.dtype), do)
         dp = _dot_t(do, v)
         ds = p * (dp - delta_ref[sl][:, None])
@@ -378,15 +474,19 @@ def _pick(size):
     return (lambda i: i) if size > 1 else (lambda i: 0)
 
 
-def _specs(q, k, v, q_pos, k_pos, k_valid, table, block, by_query):
+def _specs(q, k, v, q_pos, k_pos, k_valid, table, tile, split, by_query):
     """BlockSpecs of the inputs shared by the three kernels (table, q, k, v,
-    q_pos, k_pos, k_valid), on the grid ``(B, H, n)``: ``n`` query blocks,
-    or key blocks when not ``by_query``."""
+    q_pos, k_pos, k_valid), on the grid ``(B, H, n)``: ``n`` query tiles
+    of ``tile`` rows, or key tiles when not ``by_query``; tile ``i`` reads
+    row ``i // split`` of the layout ``table``."""
     T, d = q.shape[1], q.shape[3]
     S, dv = k.shape[1], v.shape[3]
     M = table.shape[2]
     lb = _pick(table.shape[0])
-    table_spec = pl.BlockSpec((None, None, M), lambda b, h, i: (lb(b), i, 0))
+    if split == 1:
+        table_spec = pl.BlockSpec((None, None, M), lambda b, h, i: (lb(b), i, 0))
+    else:
+        table_spec = pl.BlockSpec((None, None, M), lambda b, h, i: (lb(b), i // split, 0))
 
     def token_spec(x, length, blocked):
         pb, ph = _pick(x.shape[0]), _pick(x.shape[1])
@@ -395,34 +495,34 @@ def _specs(q, k, v, q_pos, k_pos, k_valid, table, block, by_query):
         return pl.BlockSpec((None, None, length), lambda b, h, i: (pb(b), ph(h), 0))
 
     if by_query:
-        bq = block
-        q_spec = pl.BlockSpec((None, bq, None, d), lambda b, h, i: (b, i, h, 0))
+        q_spec = pl.BlockSpec((None, tile, None, d), lambda b, h, i: (b, i, h, 0))
         k_spec = pl.BlockSpec((None, S, None, d), lambda b, h, i: (b, 0, h, 0))
         v_spec = pl.BlockSpec((None, S, None, dv), lambda b, h, i: (b, 0, h, 0))
-        pos_specs = (token_spec(q_pos, bq, True), token_spec(k_pos, S, False),
+        pos_specs = (token_spec(q_pos, tile, True), token_spec(k_pos, S, False),
                      token_spec(k_valid, S, False))
     else:
-        bk = block
         q_spec = pl.BlockSpec((None, T, None, d), lambda b, h, i: (b, 0, h, 0))
-        k_spec = pl.BlockSpec((None, bk, None, d), lambda b, h, i: (b, i, h, 0))
-        v_spec = pl.BlockSpec((None, bk, None, dv), lambda b, h, i: (b, i, h, 0))
-        pos_specs = (token_spec(q_pos, T, False), token_spec(k_pos, bk, True),
-                     token_spec(k_valid, bk, True))
+        k_spec = pl.BlockSpec((None, tile, None, d), lambda b, h, i: (b, i, h, 0))
+        v_spec = pl.BlockSpec((None, tile, None, dv), lambda b, h, i: (b, i, h, 0))
+        pos_specs = (token_spec(q_pos, T, False), token_spec(k_pos, tile, True),
+                     token_spec(k_valid, tile, True))
     return [table_spec, q_spec, k_spec, v_spec, *pos_specs]
 
 
 def _forward(config, q, k, v, q_pos, k_pos, k_valid, rows):
     B, T, H, _ = q.shape
     dv = v.shape[3]
-    bq = config.block_q
-    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, bq, True)
-    row_spec = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
+    split = config.tiling.q_split
+    tq = _tile(config.block_q, split, "q_split")
+    _tile(config.block_k, config.tiling.k_split, "k_split")
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, tq, split, True)
+    row_spec = pl.BlockSpec((None, None, tq), lambda b, h, i: (b, h, i))
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
-        grid=(B, H, T // bq),
+        grid=(B, H, T // tq),
         in_specs=specs,
         out_specs=[
-            pl.BlockSpec((None, bq, None, dv), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, tq, None, dv), lambda b, h, i: (b, i, h, 0)),
             row_spec,
         ],
         out_shape=[
@@ -430,6 +530,7 @@ def _forward(config, q, k, v, q_pos, k_pos, k_valid, rows):
             jax.ShapeDtypeStruct((B, H, T), jnp.float32),
         ],
         interpret=config.interpret,
+        compiler_params=config.compiler_params(),
         name="block_sparse_attention_forward",
     )(rows, q, k, v, q_pos, k_pos, k_valid)
     return out, lse
@@ -438,44 +539,49 @@ def _forward(config, q, k, v, q_pos, k_pos, k_valid, rows):
 def _backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse, dout, dlse):
     B, T, H, d = q.shape
     S, dv = k.shape[1], v.shape[3]
-    bq, bk = config.block_q, config.block_k
+    t = config.tiling
+    tq = _tile(config.block_q, t.q_split, "q_split")
+    tk = _tile(config.block_k, t.bwd_k_split, "bwd_k_split")
+    _tile(config.block_q, t.bwd_q_split, "bwd_q_split")
     # delta = rowsum(dO * O) - dlse: (B, H, T), float32.
     delta = jnp.einsum("bthd,bthd->bht", dout.astype(jnp.float32), out.astype(jnp.float32))
     delta = delta - dlse
-    row_spec = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
-    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, bq, True)
+    row_spec = pl.BlockSpec((None, None, tq), lambda b, h, i: (b, h, i))
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, rows, tq, t.q_split, True)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, config=config),
-        grid=(B, H, T // bq),
+        grid=(B, H, T // tq),
         in_specs=specs + [
-            pl.BlockSpec((None, bq, None, dv), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, tq, None, dv), lambda b, h, i: (b, i, h, 0)),
             row_spec,
             row_spec,
         ],
-        out_specs=pl.BlockSpec((None, bq, None, d), lambda b, h, i: (b, i, h, 0)),
+        out_specs=pl.BlockSpec((None, tq, None, d), lambda b, h, i: (b, i, h, 0)),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=config.interpret,
+        compiler_params=config.compiler_params(backward=True),
         name="block_sparse_attention_dq",
     )(rows, q, k, v, q_pos, k_pos, k_valid, dout, lse, delta)
-    specs = _specs(q, k, v, q_pos, k_pos, k_valid, cols, bk, False)
+    specs = _specs(q, k, v, q_pos, k_pos, k_valid, cols, tk, t.bwd_k_split, False)
     whole_rows = pl.BlockSpec((None, None, T), lambda b, h, i: (b, h, 0))
     dk, dv_ = pl.pallas_call(
         functools.partial(_dkv_kernel, config=config),
-        grid=(B, H, S // bk),
+        grid=(B, H, S // tk),
         in_specs=specs + [
             pl.BlockSpec((None, T, None, dv), lambda b, h, i: (b, 0, h, 0)),
             whole_rows,
             whole_rows,
         ],
         out_specs=[
-            pl.BlockSpec((None, bk, None, d), lambda b, h, i: (b, i, h, 0)),
-            pl.BlockSpec((None, bk, None, dv), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, tk, None, d), lambda b, h, i: (b, i, h, 0)),
+            pl.BlockSpec((None, tk, None, dv), lambda b, h, i: (b, i, h, 0)),
         ],
         out_shape=[
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
         interpret=config.interpret,
+        compiler_params=config.compiler_params(backward=True),
         name="block_sparse_attention_dkv",
     )(cols, q, k, v, q_pos, k_pos, k_valid, dout, lse, delta)
     return dq, dk, dv_
@@ -506,9 +612,54 @@ def _attention_fn(config):
     return jax.jit(attend)
 
 
+#: Tilings per device platform and head-size class (``"small"``: head size
+#: of at most 64 after padding; ``"large"``: above). Entries not listed
+#: use ``Tiling()``: whole blocks, 4 warps, 2 stages.
+TILINGS = {
+    ("gpu", "small"): Tiling(num_warps=4, num_stages=2, bwd_q_split=2, bwd_k_split=2,
+                             bwd_num_warps=4, bwd_num_stages=2),
+    ("gpu", "large"): Tiling(num_warps=8, num_stages=2, bwd_q_split=2, bwd_k_split=2,
+                             bwd_num_warps=8, bwd_num_stages=2),
+}
+
+
+def default_tiling(head_dim, platform=None):
+    """The :class:`Tiling` of :data:`TILINGS` for ``platform`` (default:
+    JAX's default backend) and a head size of ``head_dim``."""
+    platform = platform or target_platform()
+    size = "small" if _head_width(head_dim) <= 64 else "large"
+    return TILINGS.get((platform, size), Tiling())
+
+
+_TARGET = []
+
+
+def target_platform():
+    """The platform the kernels are built for: JAX's default backend, or
+    the one :func:`building_for` names."""
+    return _TARGET[-1] if _TARGET else jax.default_backend()
+
+
+@contextlib.contextmanager
+def building_for(platform):
+    """Within the block, kernels are built for ``platform`` (``"gpu"``,
+    ``"tpu"`` or ``"cpu"``) whatever the default backend: lowering for
+    another platform (``jax.jit(f).trace(...).lower(lowering_platforms=
+    ("cuda",))``) checks on a CPU that Triton accepts a kernel."""
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(
+            "`platform` must be 'cpu', 'gpu' or 'tpu'. "
+            f"Received: platform={platform!r}")
+    _TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+
+
 def default_interpret():
     """Interpret mode where Pallas cannot compile: on the CPU."""
-    return jax.default_backend() == "cpu"
+    return target_platform() == "cpu"
 
 
 def _positions(pos, batch, heads, length, padded):
@@ -544,7 +695,8 @@ def _head_width(d):
 
 
 def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=None,
-                           k_pos=None, k_valid=None, scale=None, interpret=None):
+                           k_pos=None, k_valid=None, scale=None, interpret=None,
+                           tiling=None):
     """Block-sparse flash attention, differentiable (``jax.custom_vjp``).
 
     Args:
@@ -566,6 +718,9 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
             padded keys. Defaults to all True.
         scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
         interpret: run the Pallas interpreter. Defaults to True on the CPU.
+        tiling: a :class:`Tiling` (how programs cut the layout's blocks, and
+            Triton's launch parameters). Defaults to
+            :func:`default_tiling` of the device and head size.
 
     Returns:
         ``(out, lse)``: ``(B, T, H, dv)`` in the query's dtype and the
@@ -600,7 +755,13 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
     if k_valid is None:
         k_valid = jnp.ones((S,), bool)
     kv = _positions(jnp.asarray(k_valid).astype(jnp.int32), B, H, S, Sp)
-    config = _Config(predicate, float(scale), bq, bk, bool(interpret))
+    if tiling is None:
+        tiling = default_tiling(max(d, dv))
+    elif not isinstance(tiling, Tiling):
+        raise ValueError(f"`tiling` must be a Tiling. Received: tiling={tiling!r}")
+    if not interpret:
+        tiling = tiling.fitted(bq, bk, MIN_TILE)
+    config = _Config(predicate, float(scale), bq, bk, bool(interpret), tiling)
     rows = jnp.asarray(layout.rows, jnp.int32)
     cols = jnp.asarray(layout.cols, jnp.int32)
     out, lse = _attention_fn(config)(q, k, v, qp, kp, kv, rows, cols)
