@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import numbers
+import warnings
 
 import keras
 import numpy as np
@@ -13,6 +14,9 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.dispatch import collect_implementations
+
+#: ``(layer class name, reasons)`` pairs already warned about.
+_WARNED_FALLBACKS = set()
 
 try:  # Keras keeps this helper private; fall back to the attribute.
     from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
@@ -429,6 +433,33 @@ class BaseAttention(keras.layers.Layer):
             "or 'reference'."
         )
 
+    #: Whether ``"auto"`` warns when it falls to the reference path (False
+    #: where the reference costs what the efficient paths cost).
+    warns_on_reference_fallback = True
+
+    def _warn_reference_fallback(self, context):
+        """Warns once per layer class and set of reasons that ``"auto"``
+        runs the O(T*S) reference path because every efficient path refused
+        the call."""
+        if not self.warns_on_reference_fallback:
+            return
+        table = self._implementation_table
+        order = self.auto_order()
+        reasons = tuple(f"{name}: {table[name].refusal(self, context)}" for name in order)
+        key = (type(self).__name__, reasons)
+        if key in _WARNED_FALLBACKS:
+            return
+        _WARNED_FALLBACKS.add(key)
+        why = "; ".join(reasons) if reasons else (
+            f"no efficient path of {type(self).__name__} runs on the "
+            f"{keras.backend.backend()} backend")
+        warnings.warn(
+            f"{type(self).__name__} with implementation='auto' runs the "
+            f"O(T*S) reference path for this call: {why}. Name a path with "
+            "`implementation=` to make this an error instead.",
+            stacklevel=3,
+        )
+
     def auto_order(self):
         """Efficient implementations in the order ``"auto"`` tries them on
         the active backend: by kind, in the backend's order of preference
@@ -570,6 +601,8 @@ class BaseAttention(keras.layers.Layer):
     def _dispatch(self, q, k, v, context):
         name = self._select(context)
         if name == "reference":
+            if self.implementation == "auto" and not context.return_scores:
+                self._warn_reference_fallback(context)
             result = self._attention_reference(q, k, v, context)
             ran = name
         else:

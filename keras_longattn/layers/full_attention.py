@@ -46,6 +46,8 @@ class FullAttention(BaseAttention):
     """
 
     supports_attention_mask = True
+    # The reference is as quadratic as the fused path: nothing to warn of.
+    warns_on_reference_fallback = False
 
     @implementation("fused", kind="fused", dropout=False)
     def _fused(self, query, key, value, context):

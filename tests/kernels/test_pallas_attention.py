@@ -405,12 +405,31 @@ def test_auto_never_picks_pallas_on_cpu():
     import jax
 
     layer = LocalAttention(num_heads=2, key_dim=8, window=4)
-    order = layer.auto_order()
     if jax.default_backend() == "cpu":
-        assert "pallas" not in order
+        assert "pallas" not in layer.auto_order()
         assert layer.select_implementation(use_causal_mask=True) != "pallas"
-    else:
-        assert order[0] == "pallas"
+
+
+@jax_only
+def test_auto_tries_pallas_only_where_a_device_proved_it(monkeypatch):
+    """On an accelerator, "auto" puts the Pallas path first only for a
+    device kind in the proven table (or named by the trust variable)."""
+    from keras_longattn.kernels import proven
+
+    layer = LocalAttention(num_heads=2, key_dim=8, window=4)
+    monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
+    monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
+    assert "pallas" not in layer.auto_order()
+    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"),
+                        {"pallas": {"date": "2026-11-26", "check": "test"}})
+    assert layer.auto_order()[0] == "pallas"
+    assert layer.select_implementation(use_causal_mask=True) == "pallas"
+    monkeypatch.delitem(proven.PROVEN, ("jax", "Test GPU 9000"))
+    monkeypatch.setenv(proven.TRUST_VARIABLE, "pallas")
+    assert layer.auto_order()[0] == "pallas"
+    # Never on the CPU, whatever the variable says.
+    monkeypatch.setattr(proven, "active_device_kind", lambda backend: None)
+    assert "pallas" not in layer.auto_order()
 
 
 @pytest.mark.skipif(ON_JAX, reason="checks the refusal off the JAX backend")

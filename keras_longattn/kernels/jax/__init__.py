@@ -18,11 +18,15 @@ class JaxOps(BackendOps):
 
     @property
     def auto_preference(self):
-        """The Pallas kernel first on GPU/TPU, where it compiles; never on
-        the CPU, where Pallas only interprets (slowly: tests only)."""
-        if jax.default_backend() == "cpu":
-            return ("explicit", "fused")
-        return ("pallas", "explicit", "fused")
+        """The Pallas kernel first on a GPU/TPU kind where a device run has
+        proven it (:mod:`keras_longattn.kernels.proven`); never on the CPU,
+        where Pallas only interprets (slowly: tests only)."""
+        from keras_longattn.kernels import proven
+
+        device = proven.active_device_kind("jax")
+        if "pallas" in proven.trusted_kinds("jax", device):
+            return ("pallas", "explicit", "fused")
+        return ("explicit", "fused")
 
     def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
         dtype = q.dtype
