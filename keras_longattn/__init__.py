@@ -14,7 +14,7 @@ import importlib
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("layers", "ops", "models", "datasets", "benchmarks", "testing")
+_SUBPACKAGES = ("layers", "ops", "models", "datasets", "benchmarks", "lra", "specs", "testing")
 
 
 def __getattr__(name):

@@ -27,17 +27,19 @@ with no benchmark code::
                            "config": {"rank": 64}}], lengths=[4096])
 
 Short names (``"full"``, ``"local"``, ...) stand for layer configs
-(:mod:`~keras_longattn.benchmarks.registry`; :func:`register` adds one);
+(:mod:`~keras_longattn.specs.registry`; :func:`register` adds one);
 configs, class references and ``"${...}"`` values that depend on the
-sequence length are described in
-:mod:`~keras_longattn.benchmarks.layer_config`.
+sequence length are described in :mod:`~keras_longattn.specs.layer_spec`,
+shared with the LRA-style suite (:mod:`keras_longattn.lra`) and the model
+builders (:mod:`keras_longattn.models`).
 
 This package imports no backend; only the worker subprocess does.
 """
 
+from keras_longattn.specs.layer_spec import LayerConfigError, LayerSpec, LayerUnavailableError
+from keras_longattn.specs.registry import available_layers, register, unregister
+
 from .config import BACKENDS, MODES, BenchmarkArgumentError, BenchmarkConfig
-from .layer_config import LayerConfigError, LayerSpec, LayerUnavailableError
-from .registry import available_layers, register, unregister
 from .report import compute_ratios, format_table, print_table, write_reports
 from .runner import BenchmarkResults, run_benchmark
 

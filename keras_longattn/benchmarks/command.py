@@ -13,18 +13,19 @@ import json
 import sys
 from typing import Sequence
 
-from . import peers, registry
+from keras_longattn.specs import registry
+from keras_longattn.specs.arguments import argument_type, parse_layers, parse_option
+from keras_longattn.specs.progress import make_progress
+
+from . import peers
 from .config import (
     MODES,
     BenchmarkArgumentError,
     default_backend,
     parse_backends,
-    parse_layers,
     parse_lengths,
     parse_modes,
-    parse_option,
 )
-from .progress import make_progress
 from .efficiency import format_efficiency
 from .report import print_table
 from .runner import DEFAULT_OUTPUT_DIR, run_benchmark
@@ -64,19 +65,6 @@ examples:
 """
 
 
-def _argument_type(parse, flag: str):
-    """Wrap a ``config`` parser as an argparse ``type`` with a clear message."""
-
-    def convert(text: str):
-        try:
-            return parse(text)
-        except BenchmarkArgumentError as exc:
-            raise argparse.ArgumentTypeError(exc.detail) from None
-
-    convert.__name__ = flag.lstrip("-")
-    return convert
-
-
 def _int_at_least(minimum: int):
     def convert(text: str) -> int:
         try:
@@ -113,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench`` options to ``parser`` and return it."""
     known = ", ".join(registry.available_layers())
     what = parser.add_argument_group("what to measure")
-    what.add_argument("--layers", type=_argument_type(parse_layers, "--layers"),
+    what.add_argument("--layers", type=argument_type(parse_layers, "--layers"),
                       action="extend", default=None, metavar="LAYERS",
                       help=f"comma-separated short names (known: {known}), class references "
                            "(PACKAGE>CLASS, PACKAGE.MODULE:CLASS), or a Keras layer config as "
@@ -124,14 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            f"ones ({', '.join(peers.PEERS)}); torch only, installed "
                            "separately: a peer that is not importable is reported as "
                            "skipped")
-    what.add_argument("--lengths", type=_argument_type(parse_lengths, "--lengths"),
+    what.add_argument("--lengths", type=argument_type(parse_lengths, "--lengths"),
                       default=[1024, 4096], metavar="N,N",
                       help="comma-separated sequence lengths ('16k' = 16384); default 1024,4096")
-    what.add_argument("--backends", type=_argument_type(parse_backends, "--backends"),
+    what.add_argument("--backends", type=argument_type(parse_backends, "--backends"),
                       default=None, metavar="NAMES",
                       help="comma-separated among jax, tensorflow, torch; default "
                            f"$KERAS_BACKEND or jax (now: {default_backend()})")
-    what.add_argument("--modes", type=_argument_type(parse_modes, "--modes"),
+    what.add_argument("--modes", type=argument_type(parse_modes, "--modes"),
                       default=list(MODES), metavar="MODES",
                       help="fwd (forward) and/or fwdbwd (forward+backward); default both")
     what.add_argument("--batch", type=_int_at_least(1), default=1, help="batch size B (1)")
@@ -158,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "(default: settle it first, as in a process with large "
                            "tensors; keras_longattn.benchmarks.worker.settle_allocator)")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                      type=_argument_type(parse_option, "--option"),
+                      type=argument_type(parse_option, "--option"),
                       help="layer constructor argument set in the layer configs, "
                            "repeatable; LAYER.NAME applies to the layer labelled LAYER "
                            "(e.g. local.window=128), a bare NAME to every layer; a layer "

@@ -1,7 +1,8 @@
 """Benchmark settings: parsing and validation shared by the CLI and the API.
 
 Layers are given as short names, class references or Keras layer configs
-(see :func:`parse_layers` and :mod:`keras_longattn.benchmarks.layer_config`);
+(parsed by :func:`keras_longattn.specs.arguments.parse_layers`, described in
+:mod:`keras_longattn.specs.layer_spec`);
 a validated :class:`BenchmarkConfig` holds each layer's config under its
 label and resolves it per sequence length (:meth:`BenchmarkConfig.layer_spec`).
 
@@ -10,22 +11,20 @@ Nothing here imports Keras or a backend.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import registry
-from .layer_config import (
-    LayerConfigError,
-    LayerSpec,
-    is_class_reference,
-    resolve_spec,
-    spec_from_dict,
-    spec_from_reference,
+from keras_longattn.specs.arguments import (
+    ArgumentError,
+    layer_options,
+    parse_layers,
+    parse_option,
+    parse_options,
+    split_items,
 )
+from keras_longattn.specs.layer_spec import LayerConfigError, resolve_spec
 
 __all__ = [
     "BACKENDS",
@@ -53,41 +52,12 @@ MODES = ("fwd", "fwdbwd")
 _BACKEND_MODULES = {"jax": "jax", "tensorflow": "tensorflow", "torch": "torch"}
 
 
-class BenchmarkArgumentError(ValueError):
-    """An invalid benchmark setting.
-
-    Attributes:
-        argument: the setting's name as in :func:`run_benchmark`
-            (``"lengths"``); the CLI shows it as ``--lengths``.
-        detail: what is wrong with it.
-    """
-
-    def __init__(self, argument: str, detail: str):
-        self.argument = argument
-        self.detail = detail
-        super().__init__(f"invalid {argument!s}: {detail}")
-
-    @property
-    def flag(self) -> str:
-        """The command-line flag of the setting (``--head-dim``)."""
-        return "--" + self.argument.replace("_", "-")
-
-
-def _split(value: str | Iterable[Any], argument: str) -> list[str]:
-    """Items of a comma-separated string or of an iterable, stripped."""
-    if isinstance(value, str):
-        items = [item.strip() for item in value.split(",")]
-    else:
-        try:
-            items = [str(item).strip() for item in value]
-        except TypeError:
-            raise BenchmarkArgumentError(
-                argument, f"expected a comma-separated string or a list, got {value!r}"
-            ) from None
-    items = [item for item in items if item]
-    if not items:
-        raise BenchmarkArgumentError(argument, "no value given")
-    return items
+#: An invalid benchmark setting: the argument error of
+#: :mod:`keras_longattn.specs.arguments`, which the layer and option parsers
+#: shared with the suite raise. ``argument`` is the setting's name as in
+#: :func:`~keras_longattn.benchmarks.run_benchmark` (``"lengths"``), ``flag``
+#: its command-line flag (``--lengths``) and ``detail`` what is wrong with it.
+BenchmarkArgumentError = ArgumentError
 
 
 def _dedupe(items: Iterable[Any]) -> list[Any]:
@@ -103,137 +73,6 @@ def default_backend() -> str:
     return backend if backend in BACKENDS else "jax"
 
 
-def _known_layers_hint() -> str:
-    return (
-        f"known layers: {', '.join(registry.available_layers())}; or a Keras layer config "
-        "as JSON ('{\"class_name\": \"LocalAttention\", \"config\": {...}}'), "
-        "'package>Class' or 'package.module:Class'"
-    )
-
-
-def _spec_from_name(name: str, argument: str) -> LayerSpec:
-    """A registered short name or a class reference."""
-    try:
-        if name in registry.available_layers():
-            return registry.get_spec(name)
-        if is_class_reference(name):
-            return spec_from_reference(name)
-    except LayerConfigError as exc:
-        raise BenchmarkArgumentError(argument, str(exc)) from None
-    raise BenchmarkArgumentError(argument, f"unknown layer {name!r}; {_known_layers_hint()}")
-
-
-def _load_json(text: str, argument: str) -> Any:
-    """JSON text, or ``@path`` to a JSON file."""
-    if text.startswith("@"):
-        path = text[1:]
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise BenchmarkArgumentError(
-                argument, f"cannot read layer config file {path!r}: {exc.strerror}"
-            ) from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise BenchmarkArgumentError(
-            argument, f"invalid JSON layer config ({exc}); received {text!r}"
-        ) from None
-
-
-def _parse_layer_item(item: Any, argument: str) -> list[LayerSpec]:
-    """Specs from one item: a spec, a config dict, JSON, ``@file``, names."""
-    if isinstance(item, LayerSpec):
-        return [item]
-    if isinstance(item, Mapping):
-        try:
-            return [spec_from_dict(item)]
-        except LayerConfigError as exc:
-            raise BenchmarkArgumentError(argument, str(exc)) from None
-    if not isinstance(item, str):
-        raise BenchmarkArgumentError(
-            argument,
-            f"expected a layer name, a class reference or a layer config dict (for a "
-            f"layer object, its keras.saving.serialize_keras_object); received {item!r}",
-        )
-    text = item.strip()
-    if text[:1] in ("{", "[", "@"):
-        data = _load_json(text, argument)
-        items = data if isinstance(data, list) else [data]
-        if any(isinstance(entry, list) for entry in items):
-            raise BenchmarkArgumentError(argument, f"nested lists of layers in {text!r}")
-        return [spec for entry in items for spec in _parse_layer_item(entry, argument)]
-    return [_spec_from_name(name, argument) for name in _split(text, argument)]
-
-
-def parse_layers(value: Any, argument: str = "layers") -> list[LayerSpec]:
-    """Layer specs from the ``--layers`` value or the ``layers`` argument.
-
-    Accepts a comma-separated string of registered short names
-    (``"full,local"``) and class references (``"keras_longattn>LocalAttention"``,
-    ``"my_package.layers:MyAttention"``); a JSON layer config or a JSON list
-    of names and configs (``'{"class_name": "LocalAttention", "config":
-    {"window": 128}}'``); ``"@path"`` to a JSON file holding either; a config
-    dict; a :class:`~keras_longattn.benchmarks.layer_config.LayerSpec`; or a
-    list of any of these.
-
-    Args:
-        value: the layers.
-        argument: the argument named in errors. Defaults to ``"layers"``.
-
-    Returns:
-        The specs in order, with repeats of the same layer dropped.
-
-    Raises:
-        BenchmarkArgumentError: an unknown name, invalid JSON or config, or
-            two different layers with the same label.
-    """
-    if isinstance(value, (str, Mapping, LayerSpec)):
-        items: list[Any] = [value]
-    else:
-        try:
-            items = list(value)
-        except TypeError:
-            raise BenchmarkArgumentError(
-                argument, f"expected layer names or layer configs, got {value!r}"
-            ) from None
-    specs: dict[str, LayerSpec] = {}
-    for item in items:
-        for spec in _parse_layer_item(item, argument):
-            previous = specs.get(spec.label)
-            if previous is not None and previous != spec:
-                raise BenchmarkArgumentError(
-                    argument,
-                    f"two different layers are labelled {spec.label!r} "
-                    f"({previous.to_dict()} and {spec.to_dict()}); give each config a "
-                    "distinct \"name\"",
-                )
-            specs[spec.label] = spec
-    if not specs:
-        raise BenchmarkArgumentError(argument, "no value given")
-    return list(specs.values())
-
-
-def layer_options(label: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The options meant for layer ``label``.
-
-    Unprefixed options (``dropout=0.1``) apply to every layer of the run; an
-    option prefixed with a layer label (``local.window=128``) applies to that
-    layer only and wins over an unprefixed one.
-    """
-    generic: dict[str, Any] = {}
-    specific: dict[str, Any] = {}
-    for key, value in (options or {}).items():
-        prefix, dot, rest = key.rpartition(".")
-        if not dot:
-            generic[key] = value
-        elif prefix == label:
-            specific[rest] = value
-    generic.update(specific)
-    return generic
-
-
 def parse_lengths(value: str | int | Iterable[Any]) -> list[int]:
     """Sorted distinct positive sequence lengths from ``"1024,4096"`` or a list.
 
@@ -242,7 +81,7 @@ def parse_lengths(value: str | int | Iterable[Any]) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     lengths = []
-    for item in _split(value, "lengths"):
+    for item in split_items(value, "lengths"):
         text = item.lower().replace("_", "")
         factor = 1
         if text.endswith("k"):
@@ -265,7 +104,7 @@ def parse_backends(value: str | Iterable[str] | None, check_installed: bool = Tr
     """Backends from ``"jax,torch"`` or a list; ``None`` is :func:`default_backend`."""
     if value is None:
         return [default_backend()]
-    backends = _dedupe(item.lower() for item in _split(value, "backends"))
+    backends = _dedupe(item.lower() for item in split_items(value, "backends"))
     for backend in backends:
         if backend not in BACKENDS:
             raise BenchmarkArgumentError(
@@ -283,63 +122,13 @@ def parse_backends(value: str | Iterable[str] | None, check_installed: bool = Tr
 
 def parse_modes(value: str | Iterable[str]) -> list[str]:
     """Modes from ``"fwd,fwdbwd"`` or a list, in cost order."""
-    modes = _dedupe(item.lower() for item in _split(value, "modes"))
+    modes = _dedupe(item.lower() for item in split_items(value, "modes"))
     for mode in modes:
         if mode not in MODES:
             raise BenchmarkArgumentError(
                 "modes", f"unknown mode {mode!r}; choose from {', '.join(MODES)}"
             )
     return [mode for mode in MODES if mode in modes]
-
-
-def _parse_value(text: str) -> Any:
-    """A JSON or Python literal (``128``, ``0.1``, ``true``, ``None``), else the string."""
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return parse(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    return text
-
-
-def _valid_option_name(name: Any) -> bool:
-    """``name`` or ``label.name`` with ``name`` a Python identifier."""
-    if not isinstance(name, str):
-        return False
-    prefix, dot, rest = name.rpartition(".")
-    if dot and not prefix:
-        return False
-    return rest.isidentifier()
-
-
-def parse_option(text: str) -> tuple[str, Any]:
-    """``"name=value"`` into ``(name, value)``; the value is parsed as a literal.
-
-    ``name`` may be prefixed with a layer label (``local.window=128``) to
-    apply to that layer only.
-    """
-    name, sep, raw = str(text).partition("=")
-    name = name.strip()
-    if not sep or not name:
-        raise BenchmarkArgumentError("option", f"expected name=value, got {text!r}")
-    if not _valid_option_name(name):
-        raise BenchmarkArgumentError("option", f"invalid option name {name!r} in {text!r}")
-    return name, _parse_value(raw.strip())
-
-
-def parse_options(value: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
-    """Options from a mapping or from a list of ``"name=value"`` strings."""
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        options = dict(value)
-        for name in options:
-            if not _valid_option_name(name):
-                raise BenchmarkArgumentError("options", f"invalid option name {name!r}")
-        return options
-    if isinstance(value, str):
-        value = [value]
-    return dict(parse_option(item) for item in value)
 
 
 def _positive_int(argument: str, value: Any, minimum: int = 1) -> int:
@@ -444,9 +233,9 @@ class BenchmarkConfig:
         checks (:func:`keras_longattn.benchmarks.runner.check_layers`).
 
         Args:
-            layers: see :func:`parse_layers`.
+            layers: see :func:`keras_longattn.specs.arguments.parse_layers`.
             baseline: the label of one of ``layers``, or a layer as
-                :func:`parse_layers` takes it (added first when missing);
+                ``parse_layers`` takes it (added first when missing);
                 ``None`` for no ratios. Defaults to ``"full"``.
             (the others): see :func:`keras_longattn.benchmarks.run_benchmark`.
         """
@@ -533,7 +322,7 @@ class BenchmarkConfig:
 
     def layer_options(self, label: str) -> dict[str, Any]:
         """The ``--option`` values applied to layer ``label`` (see
-        :func:`layer_options`)."""
+        :func:`keras_longattn.specs.arguments.layer_options`)."""
         return layer_options(label, self.options)
 
     def layer_spec(self, label: str, seq_len: int) -> dict[str, Any]:
@@ -545,7 +334,7 @@ class BenchmarkConfig:
 
         Raises:
             LayerConfigError: see
-                :func:`keras_longattn.benchmarks.layer_config.resolve_spec`.
+                :func:`keras_longattn.specs.layer_spec.resolve_spec`.
         """
         return resolve_spec(
             self.layer_specs[label], seq_len=seq_len, num_heads=self.num_heads,

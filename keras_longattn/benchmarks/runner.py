@@ -36,11 +36,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from keras_longattn.specs.progress import Progress, make_progress
+from keras_longattn.specs.resolver import check_specs
+
 from . import peers
 from .config import MODES, BenchmarkArgumentError, BenchmarkConfig
 from .efficiency import annotate as annotate_efficiency
-from .layer_config import check_specs
-from .progress import Progress, make_progress
 from .report import compute_ratios, write_reports
 from .worker import RESULT_MARKER
 
@@ -518,7 +519,7 @@ def check_layers(config: BenchmarkConfig, in_process: bool | None = None,
 def check_layer_specs(items: list[dict], backend: str, in_process: bool | None = None,
                       python: str | None = None,
                       timeout: float = CHECK_TIMEOUT) -> list[dict]:
-    """:func:`~keras_longattn.benchmarks.layer_config.check_specs` of resolved
+    """:func:`~keras_longattn.specs.resolver.check_specs` of resolved
     layer configs, here or in a worker subprocess.
 
     Args:
@@ -722,7 +723,7 @@ def run_benchmark(
             which excludes the four projections every layer shares.
         output_dir: when given, write the JSON and CSV reports there.
         progress: ``True`` for the progress display on stderr, or a
-            :class:`~keras_longattn.benchmarks.progress.Progress`.
+            :class:`~keras_longattn.specs.progress.Progress`.
         efficiency: also time a float32 matmul in every worker, the peak
             against which rows report their useful-FLOP throughput
             (:mod:`~keras_longattn.benchmarks.efficiency`; the throughput

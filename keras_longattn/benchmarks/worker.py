@@ -6,9 +6,9 @@ The runner launches this module in a fresh subprocess per configuration::
 
 (the argument may also be ``@path`` to a JSON file). The worker builds random
 float32 inputs of shape ``(batch, seq_len, num_heads * head_dim)`` and the
-layer from its Keras layer config (``layer_spec``, built with
-``keras.saving.deserialize_keras_object``; see
-:mod:`keras_longattn.benchmarks.layer_config`), compiles and warms up, then
+layer from its Keras layer config (``layer_spec``, built by
+:func:`keras_longattn.specs.resolver.build_layer` with
+``keras.saving.deserialize_keras_object``), compiles and warms up, then
 times ``repeats`` calls and prints one line::
 
     @@KERAS_LONGATTN_BENCH_RESULT@@ {"status": "ok", "median_ms": ..., ...}
@@ -17,7 +17,7 @@ to stdout; the marker lets the runner find it among library log output.
 
 ``python -m keras_longattn.benchmarks.worker --check '<json list>'`` only
 resolves, checks and constructs layer configs
-(:func:`keras_longattn.benchmarks.layer_config.check_specs`) and prints
+(:func:`keras_longattn.specs.resolver.check_specs`) and prints
 ``{"checks": [...]}`` after the same marker.
 
 What is timed, per backend:
@@ -566,8 +566,9 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown mode {config['mode']!r}")
         result["keras_version"] = keras.__version__
 
-        from . import registry
-        from .layer_config import build_layer, resolve_spec
+        from keras_longattn.specs import registry
+        from keras_longattn.specs.layer_spec import resolve_spec
+        from keras_longattn.specs.resolver import build_layer
 
         stage = "build"
         keras.utils.set_random_seed(int(config["seed"]))
@@ -728,7 +729,7 @@ def _check(argument: str) -> int:
         print(f"worker: cannot read the layer configs: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from .layer_config import check_specs
+    from keras_longattn.specs.resolver import check_specs
 
     checks = check_specs(items)
     sys.stdout.flush()

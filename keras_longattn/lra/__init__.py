@@ -24,7 +24,7 @@ From Python::
 
 Layers are given as the benchmark takes them (registered short names, class
 references, Keras layer configs as dicts or JSON; see
-:mod:`keras_longattn.benchmarks.layer_config`). Every (layer, task) trains in
+:mod:`keras_longattn.specs`). Every (layer, task) trains in
 a fresh subprocess (:mod:`keras_longattn.lra.worker`), so that its peak
 memory is its own.
 

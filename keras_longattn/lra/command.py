@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from keras_longattn.benchmarks import registry
-from keras_longattn.benchmarks.command import _argument_type as _convert
-from keras_longattn.benchmarks.config import BenchmarkArgumentError, parse_option
+from keras_longattn.specs import registry
+from keras_longattn.specs.arguments import ArgumentError, argument_type, parse_option
+from keras_longattn.specs.progress import make_progress
 
 from .report import SPREADS
 from .runner import DEFAULT_OUTPUT_DIR, parse_seeds, parse_tasks, run_suite
@@ -82,10 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help=f"comma-separated short names (known: {known}; all: every one), "
                            "class references, or a Keras layer config as JSON or "
                            "@FILE.json; repeatable; default full")
-    what.add_argument("--tasks", type=_convert(parse_tasks, "--tasks"), default=None,
+    what.add_argument("--tasks", type=argument_type(parse_tasks, "--tasks"), default=None,
                       metavar="TASKS",
                       help=f"comma-separated among {', '.join(TASKS)}; default all")
-    what.add_argument("--seeds", type=_convert(parse_seeds, "--seeds"), default=[0],
+    what.add_argument("--seeds", type=argument_type(parse_seeds, "--seeds"), default=[0],
                       metavar="N|S,S",
                       help="number of seeds (3: seeds 0,1,2) or a comma-separated list; "
                            "default 1")
@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     what.add_argument("--backend", default=None, metavar="NAME",
                       help="jax, tensorflow or torch; default $KERAS_BACKEND or jax")
     what.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                      type=_convert(parse_option, "--option"),
+                      type=argument_type(parse_option, "--option"),
                       help="layer constructor argument, repeatable; LAYER.NAME for one layer")
     what.add_argument("--window", type=_positive(int), default=None,
                       help='value of "${window}" in layer configs (default n/8 per task)')
@@ -135,8 +135,6 @@ def _list_tasks() -> int:
 
 def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     """Run the ``lra`` command from parsed arguments; returns the exit status."""
-    from keras_longattn.benchmarks.progress import make_progress
-
     if args.list_tasks:
         return _list_tasks()
     try:
@@ -154,7 +152,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
             output_dir=args.output,
             progress=make_progress(not args.quiet, use_rich=False if args.plain else None),
         )
-    except BenchmarkArgumentError as exc:
+    except ArgumentError as exc:
         if parser is not None:
             parser.error(f"argument {exc.flag}: {exc.detail}")
         print(f"error: argument {exc.flag}: {exc.detail}", file=sys.stderr)

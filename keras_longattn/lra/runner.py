@@ -21,26 +21,22 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from keras_longattn.benchmarks import registry
-from keras_longattn.benchmarks.config import (
-    BenchmarkArgumentError,
-    default_backend,
-    layer_options,
-    parse_backends,
-    parse_layers,
-    parse_options,
-)
-from keras_longattn.benchmarks.layer_config import (
-    LayerConfigError,
-    substitute_placeholders,
-)
-from keras_longattn.benchmarks.progress import Progress, make_progress
+from keras_longattn.benchmarks.config import default_backend, parse_backends
 from keras_longattn.benchmarks.runner import (
     check_layer_specs,
     machine_info,
     memory_limit_bytes,
     run_job,
 )
+from keras_longattn.specs import registry
+from keras_longattn.specs.arguments import (
+    ArgumentError,
+    layer_options,
+    parse_layers,
+    parse_options,
+)
+from keras_longattn.specs.layer_spec import LayerConfigError, substitute_placeholders
+from keras_longattn.specs.progress import Progress, make_progress
 
 from .report import SuiteResults
 from .tasks import OVERRIDABLE, SIZES, TaskSize, available_tasks, get_task
@@ -61,7 +57,7 @@ __all__ = [
 DEFAULT_OUTPUT_DIR = os.path.join("build", "lra")
 
 
-class SuiteArgumentError(BenchmarkArgumentError):
+class SuiteArgumentError(ArgumentError):
     """An invalid argument of :func:`run_suite`; ``argument`` names it
     (``"tasks"``) and ``flag`` is its command-line flag (``--tasks``)."""
 
@@ -162,12 +158,12 @@ def resolve_layers(layers: Any, options: Mapping[str, Any] | None = None,
     worker builds.
 
     ``"all"`` among ``layers`` stands for every registered short name
-    (:func:`keras_longattn.benchmarks.available_layers`).
+    (:func:`keras_longattn.specs.registry.available_layers`).
 
     A config's ``"${...}"`` placeholders are evaluated at the task's sequence
     length (variables ``seq_len``, ``batch``, ``num_heads``, ``key_dim``,
     ``head_dim``, ``window``; see
-    :mod:`keras_longattn.benchmarks.layer_config`); ``num_heads`` and
+    :mod:`keras_longattn.specs.layer_spec`); ``num_heads`` and
     ``key_dim`` are filled in where the config does not set them (2 heads of
     ``64 // num_heads``). ``options`` are merged in like the benchmark's
     ``--option`` (``label.name`` for one layer).
@@ -184,7 +180,7 @@ def resolve_layers(layers: Any, options: Mapping[str, Any] | None = None,
             if not (isinstance(item, str) and item.strip().lower() == "all")]
     try:
         specs = parse_layers(layers)
-    except BenchmarkArgumentError as exc:
+    except ArgumentError as exc:
         raise SuiteArgumentError(exc.argument, exc.detail) from None
     labels = [spec.label for spec in specs]
     options = parse_options(options)
@@ -262,7 +258,7 @@ def run_suite(
 
     Args:
         layers: the attention layers, as the benchmark takes them (see
-            :func:`keras_longattn.benchmarks.config.parse_layers`): registered
+            :func:`keras_longattn.specs.arguments.parse_layers`): registered
             short names (``"full,local"``; ``"all"`` for every registered
             one), class references or Keras layer configs
             (``{"class_name": "LocalAttention", "config": {"window": 64}}``,
@@ -293,7 +289,7 @@ def run_suite(
         output_dir: when given, write the JSON and CSV reports there
             (:meth:`SuiteResults.write`).
         progress: ``True`` for progress lines on stderr, or a
-            :class:`~keras_longattn.benchmarks.progress.Progress`.
+            :class:`~keras_longattn.specs.progress.Progress`.
         shuffle_labels: train on permuted labels (a deliberately broken
             run that must score chance; for testing the suite).
         isolate: run every (layer, task) in a fresh subprocess (default).
@@ -318,7 +314,7 @@ def run_suite(
     overrides = _parse_overrides(overrides)
     try:
         backend_name = parse_backends(backend if backend is not None else default_backend())
-    except BenchmarkArgumentError as exc:
+    except ArgumentError as exc:
         raise SuiteArgumentError("backend", exc.detail) from None
     if len(backend_name) != 1:
         raise SuiteArgumentError("backend", f"expected one backend, got {backend!r}")

@@ -34,7 +34,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from keras_longattn.benchmarks.worker import RESULT_MARKER, record_failure
 
@@ -55,9 +55,20 @@ MODEL_CONFIG = {"num_layers": 2, "dim": 64, "feedforward_dim": 128, "num_heads":
 def build_model(task, data, attention, size, model_config=None):
     """The uncompiled classifier of ``task``: a sequence classifier, or a
     two-tower matching model for paired tasks (both from
-    :mod:`keras_longattn.models`), with ``attention`` in every layer."""
-    from keras_longattn.models import build_matching_model, build_sequence_classifier
+    :mod:`keras_longattn.models`), with ``attention`` in every layer.
 
+    ``attention`` is a layer config or a class name, taken like the
+    benchmark's (:mod:`keras_longattn.specs`): the module of its class is
+    imported first (:func:`keras_longattn.specs.resolver.resolve_class`),
+    since the builders resolve configs only among the modules imported
+    already; or a layer instance, used as the builders' template."""
+    from keras_longattn.models import build_matching_model, build_sequence_classifier
+    from keras_longattn.specs.resolver import resolve_class
+
+    if isinstance(attention, str):
+        resolve_class({"class_name": attention})
+    elif isinstance(attention, Mapping):
+        resolve_class(attention)
     config = {**MODEL_CONFIG, **(model_config or {})}
     builder = build_matching_model if task.paired else build_sequence_classifier
     return builder(

@@ -9,37 +9,42 @@ Accepted forms of one attention specification:
   ``keras.saving.serialize_keras_object(layer)`` or
   ``keras.layers.serialize(layer)``. The short form without ``module`` /
   ``registered_name`` is accepted for the layers of
-  ``keras_longattn.layers`` and ``keras.layers``;
+  ``keras_longattn.layers`` and ``keras.layers``, and ``class_name`` may be a
+  Keras-registered name ``"package>Class"`` or ``"package.module:Class"``;
 * a class name string, e.g. ``"FullAttention"`` (same as
   ``{"class_name": "FullAttention", "config": {}}``).
+
+Configs are turned into layers by the resolver that the benchmark and the
+LRA-style suite use too (:func:`keras_longattn.specs.resolver.build_layer`),
+without importing modules (``import_modules=False``): a config, which may
+come from a saved model file, names a class among the modules imported
+already. The capability checks (:func:`check_capabilities`) are the
+resolver's too.
 """
 
 import copy
-import inspect
-import numbers
 
 import keras
+
+from keras_longattn.specs.resolver import build_layer
+from keras_longattn.specs.resolver import check_capabilities
+from keras_longattn.specs.resolver import describe_spec as _describe
+from keras_longattn.specs.resolver import library_layers
+
+__all__ = [
+    "DEFAULT_ATTENTION",
+    "adopt",
+    "build_layer",
+    "check_capabilities",
+    "deserialize_attention",
+    "library_layers",
+    "make_attention_layers",
+    "to_config",
+]
 
 DEFAULT_ATTENTION = {"class_name": "LocalAttention", "config": {"window": 128}}
 
 _OWNER_ATTR = "_keras_longattn_owner"
-
-
-def library_layers():
-    """``{class name: class}`` of the layers in ``keras_longattn.layers``."""
-    from keras_longattn import layers as la_layers
-
-    return {
-        name: obj
-        for name, obj in vars(la_layers).items()
-        if inspect.isclass(obj) and issubclass(obj, keras.layers.Layer)
-    }
-
-
-def _describe(spec):
-    if isinstance(spec, keras.layers.Layer):
-        return f"<{type(spec).__name__} {spec.name!r}>"
-    return repr(spec)
 
 
 def to_config(spec, name="attention"):
@@ -72,30 +77,25 @@ def to_config(spec, name="attention"):
 
 def deserialize_attention(spec, name="attention"):
     """An attention layer from an instance (returned as is), a config dict
-    or a class name string."""
+    or a class name string, through :func:`build_layer` (the resolver of the
+    benchmark and the suite) without importing modules.
+
+    Raises:
+        ValueError: ``spec`` is no specification, or its layer cannot be
+            made (unknown class, an option its constructor does not accept,
+            a value the constructor refuses); the message names ``name``
+            and repeats ``spec``.
+    """
     if isinstance(spec, keras.layers.Layer):
         return spec
     config = to_config(spec, name)
-    custom = library_layers()
-    builtin = getattr(keras.layers, config["class_name"], None)
-    if (config["class_name"] not in custom and inspect.isclass(builtin)
-            and issubclass(builtin, keras.layers.Layer)):
-        # The short form of a keras.layers class (no "module" entry), e.g.
-        # {"class_name": "MultiHeadAttention", "config": {...}}.
-        custom[config["class_name"]] = builtin
     try:
-        layer = keras.layers.deserialize(config, custom_objects=custom)
+        return build_layer(config, import_modules=False)
     except Exception as error:  # noqa: BLE001 - re-raised with context
         raise ValueError(
             f"`{name}` could not be turned into a layer "
             f"({type(error).__name__}: {error}). Received: {name}={spec!r}"
         ) from error
-    if not isinstance(layer, keras.layers.Layer):
-        raise ValueError(
-            f"`{name}` must describe a Keras layer. Received: {name}={spec!r} "
-            f"(which gives a {type(layer).__name__})"
-        )
-    return layer
 
 
 def adopt(layer, owner):
@@ -114,80 +114,6 @@ def adopt(layer, owner):
     # Plain attribute (no Keras tracking): (id, name) of the owner.
     object.__setattr__(layer, _OWNER_ATTR, (id(owner), owner.name))
     return layer
-
-
-def check_capabilities(layer, name, spec, *, causal=None, sequence_length=None,
-                       context=None):
-    """Refuses an attention layer that could never run in the stack being
-    built, from the capabilities its class declares.
-
-    * ``supports_causal`` False with ``causal`` True (and
-      ``supports_bidirectional`` False with ``causal`` False): the layer
-      has no such mode (e.g. ``LinformerAttention``, ``NystromAttention``,
-      ``AdaMRAAttention`` have no causal mode);
-    * an integer ``max_length`` below ``sequence_length``: the layer's
-      weights are sized for at most ``max_length`` positions (e.g.
-      ``LinformerAttention``, ``SynthesizerAttention``).
-
-    Layers that declare neither (``keras.layers.MultiHeadAttention``) pass.
-
-    Args:
-        layer: the attention layer.
-        name: the argument it came from (``"attention"``, ``"attention[1]"``).
-        spec: what the caller passed for ``name`` (repeated in the message).
-        causal: whether the stack calls the layer with
-            ``use_causal_mask=True``; None skips the mode checks.
-        sequence_length: the number of positions the layer will see; None
-            skips the length check.
-        context: the arguments that fixed ``causal`` and ``sequence_length``,
-            as text for the message (e.g. ``"sequence_length=32, pooling='cls'
-            (the class token adds a position)"``). Defaults to
-            ``"causal=..., sequence_length=..."``.
-
-    Raises:
-        ValueError: naming ``name`` and the value received.
-    """
-    cls_name = type(layer).__name__
-    if context is None:
-        parts = []
-        if causal is not None:
-            parts.append(f"causal={bool(causal)}")
-        if sequence_length is not None:
-            parts.append(f"sequence_length={sequence_length}")
-        context = ", ".join(parts)
-    received = f"Received: {name}={_describe(spec)}" + (
-        f", {context}" if context else ""
-    )
-    if causal is not None:
-        if causal and getattr(layer, "supports_causal", True) is False:
-            raise ValueError(
-                f"`{name}` must have a causal mode: every attention layer of a "
-                f"causal stack is called with use_causal_mask=True, and "
-                f"{cls_name} has none ({cls_name}.supports_causal is False). "
-                "Use an attention that supports causal calls (e.g. "
-                f"LocalAttention, FullAttention). {received}"
-            )
-        if not causal and getattr(layer, "supports_bidirectional", True) is False:
-            raise ValueError(
-                f"`{name}` must support bidirectional calls: every attention "
-                "layer of a non-causal stack is called with "
-                f"use_causal_mask=False, and {cls_name} only supports causal "
-                f"attention ({cls_name}.supports_bidirectional is False). "
-                f"{received}"
-            )
-    max_length = getattr(layer, "max_length", None)
-    if (
-        sequence_length is not None
-        and isinstance(max_length, numbers.Integral)
-        and not isinstance(max_length, bool)
-        and sequence_length > max_length
-    ):
-        raise ValueError(
-            f"`{name}` takes at most max_length={int(max_length)} positions "
-            f"({cls_name} sizes its weights by it), but its sequences have "
-            f"{sequence_length} positions. Give the attention a max_length >= "
-            f"{sequence_length} or use shorter sequences. {received}"
-        )
 
 
 def make_attention_layers(
@@ -275,9 +201,7 @@ def make_attention_layers(
             plain = deserialize_attention(config, name)
             inner["rotary_max_wavelength"] = rotary_max_wavelength
             try:
-                layer = keras.layers.deserialize(
-                    config, custom_objects=library_layers()
-                )
+                layer = build_layer(config, import_modules=False)
             except Exception as error:  # noqa: BLE001
                 raise ValueError(
                     "positions='rotary' sets `rotary_max_wavelength` on every "
