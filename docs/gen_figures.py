@@ -70,6 +70,9 @@ BENCHMARK_SOURCES = (
 #: forward and backward of the attention alone), drawn on the benchmark page
 #: when present: benchmark JSON, one run or several merged.
 MEMORY_CURVE_SOURCE = DOCS / "benchmarks" / "memory_per_token.json"
+#: The summary of the last device check (``scripts/device_check.sh``,
+#: ``python -m keras_longattn.benchmarks.device_report --write``).
+GPU_SOURCE = DOCS / "benchmarks" / "gpu_results.json"
 MEMORY_PLOT_NAME = "memory_per_token.png"
 NOTEBOOKS_SRC = ROOT / "notebooks"
 NOTEBOOKS_BUILD = ROOT / "build" / "notebooks"
@@ -663,6 +666,7 @@ def benchmark_page(document, source: Path | None, kind: str | None,
     parts.append(results + benchmark_tables(rows, baseline))
     parts.append(efficiency_section(rows))
     parts.append(memory_curve_section(memory_curve_document(), assets))
+    parts.append(gpu_section(gpu_document()))
     notes = [r for r in rows if r.get("status") != "ok"]
     if notes:
         parts.append("\n## Configurations that did not complete\n\n" + "\n".join(
@@ -791,6 +795,93 @@ def memory_curve_section(document, assets: Path | None) -> str:
         f"`{_relative(MEMORY_CURVE_SOURCE)}`."
         + (f" {document['note']}" if document.get("note") else "") + "\n\n" + figure + "\n".join(lines) + "\n\n"
         + "\n".join(settings) + "\n")
+
+
+GPU_METHODS = {
+    "full_cudnn": "full attention, cuDNN (`jax.nn.dot_product_attention`)",
+    "full_sdpa": "full attention, SDPA flash (`torch.nn.functional.scaled_dot_product_attention`)",
+    "local_cudnn_window": "peer: cuDNN sliding window (`local_window_size`)",
+    "local_flex_direct": "peer: FlexAttention used directly, sliding-window `BlockMask`",
+    "local_pallas": "ours: `LocalAttention`, `\"pallas\"`",
+    "local_flex": "ours: `LocalAttention`, `\"flex\"`",
+    "sparse_strided_pallas": "ours: `SparseAttention` strided, `\"pallas\"`",
+    "sparse_strided_flex": "ours: `SparseAttention` strided, `\"flex\"`",
+    "longformer_pallas": "ours: `LongformerAttention`, `\"pallas\"`",
+    "longformer_flex": "ours: `LongformerAttention`, `\"flex\"`",
+    "bigbird_pallas": "ours: `BigBirdAttention`, `\"pallas\"`",
+    "bigbird_flex": "ours: `BigBirdAttention`, `\"flex\"`",
+}
+
+
+def gpu_document(path: Path = GPU_SOURCE):
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def gpu_section(document) -> str:
+    """The GPU table of the benchmark page from the device check's summary
+    (empty when there is none; a dry run's summary is not published)."""
+    if not document or document.get("dry"):
+        return ""
+    commit = (document.get("commit") or "")[:10]
+    from keras_longattn.reproductions import provenance
+
+    stale = provenance.check_results(GPU_SOURCE) if GPU_SOURCE.is_file() else None
+    lines = [
+        "\n## GPU: the device check\n",
+        *([f"!!! warning \"Stale\"\n    {stale.note()}\n"] if stale and stale.stale else []),
+        f"Device: **{document.get('device')}**, {document.get('date')}, commit `{commit}`; "
+        "B = 1, H = 16, d = 128, bfloat16, forward + backward of the attention alone "
+        "(projected heads in, heads out), median of 5 timed calls after a warm-up. "
+        "Local: a causal window of 512 keys. Speed-up: time of full attention on the same "
+        "backend and length in the same run / time of the row. Useful TFLOP/s count "
+        "`3.5 x 4 P d` FLOPs for the `P` allowed (query, key) pairs per head (the backward "
+        "as 2.5 forward passes); the peak is a bf16 8192^3 matrix product timed in the same "
+        f"process. Source: `{_relative(GPU_SOURCE)}`, written by `scripts/device_check.sh` "
+        "and `python -m keras_longattn.benchmarks.device_report`.\n",
+        "| criterion | verdict | numbers |", "|---|---|---|",
+    ]
+    for c in document.get("criteria", []):
+        verdict = {True: "met", False: "**not met**", None: "not measured"}[c.get("passed")]
+        numbers = ", ".join(
+            f"{k} {v if isinstance(v, int) else _num(v)}" for k, v in c.items()
+            if k not in ("criterion", "passed") and isinstance(v, (int, float)))
+        lines.append(f"| {c['criterion']} | {verdict} | {numbers or DASH} |")
+    peaks = document.get("peak_tflops") or {}
+    lines += ["", "Measured bf16 matrix-product peak: " + ", ".join(
+        f"{b} {_num(v)} TFLOP/s" for b, v in sorted(peaks.items())) + ".", "",
+        "| backend | row | n | ms | speed-up vs full | useful TFLOP/s | of peak |",
+        "|---|---|---|---|---|---|---|"]
+    for t in document.get("timings", []):
+        share = t.get("fraction_of_peak")
+        lines.append(
+            f"| {t['backend']} | {GPU_METHODS.get(t['method'], t['method'])} | {t['n']} | "
+            f"{_num(t['ms'])} | {_num(t.get('speedup_vs_full'))} | "
+            f"{_num(t.get('useful_tflops'))} | "
+            f"{DASH if share is None else f'{100 * share:.0f}%'} |")
+    failed = document.get("timing_failures") or []
+    if failed:
+        lines += ["", "Rows that did not complete:", ""] + [
+            f"- {f['backend']} `{f['method']}` n={f['n']}: {f['status']}: "
+            f"{' '.join(str(f.get('error') or '').split())[:300]}" for f in failed]
+    checks = document.get("correctness") or []
+    if checks:
+        lines += ["", "Correctness on the device (each path against `\"reference\"` on the "
+                  "same weights, B = 2 with padding, n = 1024; relative max error of outputs / "
+                  "input gradients, against the reference in float32 at full precision):", "",
+                  "| backend | case | float32 out / grad | bfloat16 out / grad | verdict |",
+                  "|---|---|---|---|---|"]
+        for c in checks:
+            cells = []
+            for dtype in ("float32", "bfloat16"):
+                d = c.get(dtype) or {}
+                cells.append(f"{_num(d.get('error_out'))} / {_num(d.get('error_grad'))}")
+            verdict = c["status"] if c["status"] != "error" else \
+                f"error: {' '.join(str(c.get('error')).split())[:120]}"
+            lines.append(f"| {c['backend']} | {c['case']} | {cells[0]} | {cells[1]} | "
+                         f"{verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def generate_benchmarks(page: Path, assets: Path, sources=BENCHMARK_SOURCES) -> Path:

@@ -141,6 +141,8 @@ def step_key(step: str, gen, root: Path) -> str:
             key.file(source)
         if gen.MEMORY_CURVE_SOURCE.is_file():
             key.file(gen.MEMORY_CURVE_SOURCE)
+        if gen.GPU_SOURCE.is_file():
+            key.file(gen.GPU_SOURCE)
     elif step == "notebooks":
         key.files(gen.NOTEBOOKS_SRC, "*.ipynb")
         key.files(gen.NOTEBOOKS_BUILD, "*.ipynb")

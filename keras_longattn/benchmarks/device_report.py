@@ -1,0 +1,220 @@
+"""Summary of a device check (``scripts/device_check.sh``): the results
+file behind the benchmark page's GPU table, and the issue's criteria.
+
+    python -m keras_longattn.benchmarks.device_report OUT/results.jsonl \\
+        [--write docs/benchmarks/gpu_results.json] [--commit SHA]
+
+reads the JSON lines the stages wrote and prints (or writes) one document:
+the device and versions, every correctness case per backend and dtype,
+every timing with its ratio to full attention measured in the same run,
+useful-FLOP throughput against the bf16 matrix-product peak measured in the
+same process, and each criterion with the numbers it was judged on.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from datetime import datetime
+from datetime import timezone
+from pathlib import Path
+
+#: The full-attention row each backend's timings are divided by.
+FULL = {"jax": "full_cudnn", "torch": "full_sdpa"}
+#: The size at which the criteria are judged.
+CRITERIA_LENGTH = 65536
+#: Tokens of the one-device run.
+MILLION = 1 << 20
+
+
+def load(path):
+    """The rows of a results file (JSON lines)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line:
+            rows.append(json.loads(line))
+    return rows
+
+
+def _device(rows):
+    for row in rows:
+        if row.get("kind") == "device":
+            return row
+    return {}
+
+
+def _timings(rows):
+    """``{(backend, method, n): row}`` of the ok timing rows."""
+    return {(r["backend"], r["method"], r["n"]): r for r in rows
+            if r.get("kind") == "bench" and r.get("status") == "ok" and "ms" in r}
+
+
+def _peaks(rows):
+    return {r["backend"]: r["tflops"] for r in rows
+            if r.get("kind") == "peak" and r.get("status") == "ok"}
+
+
+def timing_table(rows):
+    """One entry per timing: ms, ratio of full attention's time (same
+    backend, same n) to this one, useful TFLOP/s and fraction of the
+    peak."""
+    timings = _timings(rows)
+    out = []
+    for (backend, method, n), row in sorted(timings.items(),
+                                            key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
+        full = timings.get((backend, FULL.get(backend), n))
+        entry = {"backend": backend, "method": method, "n": n, "ms": row["ms"],
+                 "speedup_vs_full": (full["ms"] / row["ms"]) if full else None,
+                 "useful_tflops": row.get("useful_tflops"),
+                 "fraction_of_peak": row.get("fraction_of_peak")}
+        out.append(entry)
+    failures = [{"backend": r["backend"], "method": r.get("method"), "n": r.get("n"),
+                 "status": r.get("status"), "error": r.get("error") or r.get("reason")}
+                for r in rows if r.get("kind") == "bench" and r.get("status") != "ok"]
+    return out, failures
+
+
+def correctness_table(rows):
+    out = []
+    for r in rows:
+        if r.get("kind") != "correct":
+            continue
+        entry = {"backend": r["backend"], "case": r.get("case"), "path": r.get("path"),
+                 "status": r.get("status")}
+        if r.get("status") == "error":
+            entry["error"] = r.get("error")
+        for dtype in ("float32", "bfloat16"):
+            if dtype in r:
+                d = r[dtype]
+                entry[dtype] = {k: d.get(k) for k in (
+                    "passed", "error_out", "error_grad", "reference_error_out",
+                    "reference_error_grad", "same_dtype_error_out", "same_dtype_error_grad",
+                    "ran")}
+        out.append(entry)
+    return out
+
+
+def criteria(rows):
+    """The issue's GPU criteria, each with the numbers it is judged on
+    (``passed`` None where a number is missing)."""
+    t = _timings(rows)
+    n = CRITERIA_LENGTH
+    get = lambda backend, method, size=n: t.get((backend, method, size))  # noqa: E731
+    out = []
+
+    def add(name, passed, **numbers):
+        out.append({"criterion": name, "passed": passed, **numbers})
+
+    pallas, cudnn = get("jax", "local_pallas"), get("jax", "local_cudnn_window")
+    if pallas and cudnn:
+        ratio = pallas["useful_tflops"] / cudnn["useful_tflops"]
+        add("Pallas Local >= 0.8x the useful throughput of cuDNN's sliding window",
+            ratio >= 0.8, ratio=ratio, pallas_ms=pallas["ms"], cudnn_ms=cudnn["ms"])
+    else:
+        add("Pallas Local >= 0.8x the useful throughput of cuDNN's sliding window", None)
+    flex, direct = get("torch", "local_flex"), get("torch", "local_flex_direct")
+    if flex and direct:
+        ratio = flex["ms"] / direct["ms"]
+        add("Flex Local at most 1.1x the time of FlexAttention used directly", ratio <= 1.1,
+            ratio=ratio, flex_ms=flex["ms"], direct_ms=direct["ms"])
+    else:
+        add("Flex Local at most 1.1x the time of FlexAttention used directly", None)
+    for backend, method in (("jax", "local_pallas"), ("torch", "local_flex")):
+        row, full = get(backend, method), get(backend, FULL[backend])
+        name = f"{method} at least 20x faster than full attention"
+        if row and full:
+            add(name, full["ms"] / row["ms"] >= 20, speedup=full["ms"] / row["ms"],
+                ms=row["ms"], full_ms=full["ms"])
+        else:
+            add(name, None)
+        name = f"{method} at least 35% of the measured bf16 matrix-product peak"
+        if row and row.get("fraction_of_peak") is not None:
+            add(name, row["fraction_of_peak"] >= 0.35, fraction=row["fraction_of_peak"],
+                useful_tflops=row["useful_tflops"])
+        else:
+            add(name, None)
+    million = [r for (b, m, size), r in t.items() if size == MILLION and m.startswith("local")]
+    add("1,048,576 tokens of Local forward+backward on one GPU", bool(million) or None,
+        runs=[{"backend": r["backend"], "method": r["method"], "ms": r["ms"]} for r in million])
+    correct = correctness_table(rows)
+    add("every Pallas and Flex path equals the reference (float32, bfloat16, values and "
+        "gradients)", bool(correct) and all(c["status"] == "pass" for c in correct) or (
+            None if not correct else False),
+        cases=len(correct), failed=[f"{c['backend']}:{c['case']}" for c in correct
+                                    if c["status"] != "pass"])
+    return out
+
+
+def sweep_table(rows):
+    return [{k: r.get(k) for k in ("variant", "n", "fwd_ms", "bwd_ms", "fwd_bwd_ms",
+                                  "fwd_tflops", "tiling", "status", "error")}
+            for r in rows if r.get("kind") == "sweep"]
+
+
+def provenance_record(rows, commit=None):
+    """One provenance record (:mod:`keras_longattn.reproductions.provenance`)
+    for the whole check: the source files every stage imported, with the
+    hashes they had on the device, and the commit they came from."""
+    stages = [r for r in rows if r.get("kind") == "provenance"]
+    files = {}
+    for r in stages:
+        files.update(r.get("source_files") or {})
+    if not stages:
+        return None
+    first = stages[0]
+    return {"schema": first.get("schema"), "commit": commit or first.get("commit"),
+            "date": first.get("date"), "backend": ",".join(sorted({r["backend"] for r in stages})),
+            "source_files": dict(sorted(files.items())),
+            "machine": first.get("machine")}
+
+
+def summarize(rows, commit=None):
+    devices = {r["backend"]: r for r in rows if r.get("kind") == "device"}
+    timings, failures = timing_table(rows)
+    return {
+        "provenance": provenance_record(rows, commit),
+        "device": _device(rows).get("name"),
+        "dry": any(r.get("dry") for r in rows),
+        "commit": commit,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "versions": {b: d.get("versions") for b, d in devices.items()},
+        "peak_tflops": _peaks(rows),
+        "criteria": criteria(rows),
+        "correctness": correctness_table(rows),
+        "timings": timings,
+        "timing_failures": failures,
+        "tiling_sweep": sweep_table(rows),
+    }
+
+
+def _git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="results.jsonl of scripts/device_check.sh")
+    parser.add_argument("--write", help="write the summary JSON here")
+    parser.add_argument("--commit", help="commit the check ran on (default: HEAD)")
+    args = parser.parse_args(argv)
+    summary = summarize(load(args.results), commit=args.commit or _git_commit())
+    text = json.dumps(summary, indent=1, default=str)
+    if args.write:
+        Path(args.write).write_text(text + "\n")
+    else:
+        print(text)
+    for c in summary["criteria"]:
+        mark = {True: "PASS", False: "FAIL", None: "----"}[c["passed"]]
+        numbers = {k: v for k, v in c.items() if k not in ("criterion", "passed")}
+        print(f"{mark} {c['criterion']} {json.dumps(numbers, default=str)[:200]}",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The accelerator check of issue #30 on a bare GPU machine whose python3 has
+# JAX with CUDA, PyTorch with CUDA and Triton. Keras and what else is
+# missing travel as wheels in .whl/ (git-ignored; see docs/guides/devices.md).
+#
+#   OUT=results_dir bash scripts/device_check.sh
+#
+# Four stages, each in its own process under its own time limit (seconds,
+# overridable): JAX correctness, torch correctness, JAX timings, torch
+# timings. Every measurement lands at once in $OUT/results.jsonl; the log of
+# each stage in $OUT/log.txt. Summarise on any machine with
+#   python -m keras_longattn.benchmarks.gpu_report $OUT/results.jsonl
+# DEVICE_CHECK_DRY=1 runs the same stages at toy sizes on a CPU.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device_check_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c "import keras" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/device_check_site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/device_check_site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export DEVICE_CHECK_OUT="$OUT" PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-16}
+
+stage() {  # stage SECONDS BACKEND NAME
+    local started=$SECONDS
+    echo "=== $2 $3 (limit $1 s)" >> "$OUT/log.txt"
+    DEVICE_CHECK_STAGE_SECONDS=$1 KERAS_BACKEND=$2 \
+        timeout -k 5 $(( $1 + 15 )) "$PYTHON" scripts/device_check.py "$3" \
+        >> "$OUT/log.txt" 2>&1
+    echo "=== $2 $3 rc=$? in $(( SECONDS - started )) s" >> "$OUT/log.txt"
+}
+
+stage "${LIMIT_JAX_CORRECT:-100}" jax correct
+stage "${LIMIT_TORCH_CORRECT:-100}" torch correct
+stage "${LIMIT_JAX_BENCH:-130}" jax bench
+stage "${LIMIT_TORCH_BENCH:-130}" torch bench
+grep "^===" "$OUT/log.txt"
