@@ -588,22 +588,30 @@ def _backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse, dout
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_fn(config):
-    """The differentiable kernel call for one static configuration."""
+def _attention_fn(config, variant="slice"):
+    """The differentiable kernel call for one static configuration and
+    kernel variant (``"slice"``: these kernels; ``"prefetch"``: those of
+    :mod:`keras_longattn.kernels.jax.pallas_tpu`)."""
+    if variant == "prefetch":
+        from keras_longattn.kernels.jax import pallas_tpu
+
+        forward, backward = pallas_tpu.forward, pallas_tpu.backward
+    else:
+        forward, backward = _forward, _backward
 
     @jax.custom_vjp
     def attend(q, k, v, q_pos, k_pos, k_valid, rows, cols):
-        return _forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
+        return forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
 
     def fwd(q, k, v, q_pos, k_pos, k_valid, rows, cols):
-        out, lse = _forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
+        out, lse = forward(config, q, k, v, q_pos, k_pos, k_valid, rows)
         return (out, lse), (q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse)
 
     def bwd(res, cotangents):
         q, k, v, q_pos, k_pos, k_valid, rows, cols, out, lse = res
         dout, dlse = cotangents
-        dq, dk, dv = _backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols,
-                               out, lse, dout, dlse)
+        dq, dk, dv = backward(config, q, k, v, q_pos, k_pos, k_valid, rows, cols,
+                              out, lse, dout, dlse)
         return dq, dk, dv, None, None, None, None, None
 
     attend.defvjp(fwd, bwd)
@@ -696,7 +704,7 @@ def _head_width(d):
 
 def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=None,
                            k_pos=None, k_valid=None, scale=None, interpret=None,
-                           tiling=None):
+                           tiling=None, variant=None):
     """Block-sparse flash attention, differentiable (``jax.custom_vjp``).
 
     Args:
@@ -720,13 +728,27 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
         interpret: run the Pallas interpreter. Defaults to True on the CPU.
         tiling: a :class:`Tiling` (how programs cut the layout's blocks, and
             Triton's launch parameters). Defaults to
-            :func:`default_tiling` of the device and head size.
+            :func:`default_tiling` of the device and head size. The
+            ``"prefetch"`` variant runs whole layout blocks and ignores it.
+        variant: ``"slice"``: each program holds the whole-sequence keys
+            and values (queries, for ``dk``/``dv``) and slices the blocks
+            its layout row lists (a GPU block is a pointer into memory);
+            ``"prefetch"``: the TPU kernels of
+            :mod:`keras_longattn.kernels.jax.pallas_tpu`, where the layout
+            is scalar-prefetched and each grid step brings one listed block
+            into VMEM. Defaults to ``"prefetch"`` where the kernels are
+            built for a TPU (:func:`target_platform`), else ``"slice"``.
 
     Returns:
         ``(out, lse)``: ``(B, T, H, dv)`` in the query's dtype and the
         float32 log-sum-exp ``(B, T, H)`` of each row's visible logits
         (``MASKED_LOGIT`` and a zero output where a row sees no key).
     """
+    if variant is None:
+        variant = "prefetch" if target_platform() == "tpu" else "slice"
+    elif variant not in ("slice", "prefetch"):
+        raise ValueError(
+            f"`variant` must be None, 'slice' or 'prefetch'. Received: variant={variant!r}")
     B, T, H, d = query.shape
     S, dv = key.shape[1], value.shape[3]
     bq, bk = layout.block_q, layout.block_k
@@ -764,7 +786,7 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
     config = _Config(predicate, float(scale), bq, bk, bool(interpret), tiling)
     rows = jnp.asarray(layout.rows, jnp.int32)
     cols = jnp.asarray(layout.cols, jnp.int32)
-    out, lse = _attention_fn(config)(q, k, v, qp, kp, kv, rows, cols)
+    out, lse = _attention_fn(config, variant)(q, k, v, qp, kp, kv, rows, cols)
     out = out[:, :T, :, :dv].astype(dtype)
     lse = jnp.transpose(lse[:, :, :T], (0, 2, 1))
     return out, lse
