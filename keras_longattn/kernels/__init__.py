@@ -35,14 +35,19 @@ backend without its own entry gets):
   gradients (``associative_attention`` and ``softmax_kernel_features``, the
   arguments and results of :mod:`keras_longattn.ops.kernelized` and
   :mod:`keras_longattn.ops.performer`), or None where the backend has none;
+* ``flex``: the FlexAttention module of the ``"flex"`` paths
+  (``kernels/torch/flex.py``: ``torch.nn.attention.flex_attention`` under
+  the layers' own patterns), or None where the backend has none (every
+  backend but torch); :func:`flex_refusal` says why a call cannot run it;
 * ``auto_preference``: the order in which ``implementation="auto"`` tries
   the *kinds* of implementation (``"explicit"``: einsums and a masked
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
   on block layouts; ``"pallas"``: the block-sparse Pallas kernel of
-  ``kernels/jax/pallas_attention.py``). A kind missing from a backend's
-  order is never chosen by ``"auto"`` there (only by name): the JAX table
-  lists ``"pallas"`` first on GPU/TPU and not at all on the CPU, where
-  Pallas only interprets.
+  ``kernels/jax/pallas_attention.py``; ``"flex"``: PyTorch's
+  FlexAttention). A kind missing from a backend's order is never chosen by
+  ``"auto"`` there (only by name): the JAX table lists ``"pallas"`` first
+  on GPU/TPU and not at all on the CPU, where Pallas only interprets; no
+  table lists ``"flex"``.
 """
 
 import functools
@@ -53,7 +58,7 @@ from keras import ops
 
 #: Kinds of implementation a layer declares (see
 #: :class:`keras_longattn.layers.Implementation`).
-IMPLEMENTATION_KINDS = ("explicit", "fused", "pallas")
+IMPLEMENTATION_KINDS = ("explicit", "fused", "pallas", "flex")
 
 
 class BackendOps:
@@ -77,6 +82,9 @@ class BackendOps:
     #: The block-sparse Pallas kernel's layer entry points
     #: (``kernels/jax/pallas_layers.py``; None: none).
     pallas = None
+    #: The FlexAttention entry points of the ``"flex"`` paths
+    #: (``kernels/torch/flex.py``; None: none).
+    flex = None
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""
@@ -200,6 +208,22 @@ def backend_ops(backend=None):
         table = BackendOps() if module is None else importlib.import_module(module).OPS
         _TABLES[backend] = table
     return table
+
+
+def flex_refusal(dtype, trainable=False, needs_lse=False):
+    """Why a ``"flex"`` path cannot run a call of compute ``dtype`` on the
+    active backend (None: it can): ``trainable``, whether the call's query,
+    key and value come from trainable weights (they then need gradients
+    where gradients are enabled); ``needs_lse``, whether the path merges
+    parts by their log-sum-exps. See
+    :func:`keras_longattn.kernels.torch.flex.refusal`."""
+    ops_table = backend_ops()
+    if ops_table.flex is None:
+        return (
+            "FlexAttention needs the torch backend (KERAS_BACKEND=torch); "
+            f"the active backend is {ops_table.name!r}"
+        )
+    return ops_table.flex.refusal(dtype, trainable=trainable, needs_lse=needs_lse)
 
 
 def compiled(static_argnames=()):

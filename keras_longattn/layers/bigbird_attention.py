@@ -6,6 +6,7 @@ import keras
 
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
+from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import pallas_refusal
@@ -48,7 +49,11 @@ class BigBirdAttention(BaseAttention):
     ``keras.ops.dot_product_attention``. ``"pallas"`` (JAX only; preferred
     by ``"auto"`` on GPU/TPU, interpreted on the CPU; no attention dropout)
     gives the layer's block mask, global rows included, as the layout of
-    one block-sparse flash-attention kernel. ``"reference"`` is dense attention
+    one block-sparse flash-attention kernel. ``"flex"`` (PyTorch only, by
+    name; no attention dropout, and on the CPU forward only) gives the same
+    block mask to FlexAttention (``torch.nn.attention.flex_attention``):
+    its tiles, and in the kernel the block mask AND ``CausalPattern`` when
+    causal. ``"reference"`` is dense attention
     under the same pattern (:func:`keras_longattn.ops.bigbird.dense_mask`),
     O(n^2). The random blocks are computed inside the graph (a hash of
     ``(seed, query block, key block)``), so the efficient paths also run
@@ -76,8 +81,8 @@ class BigBirdAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"pallas"``
-            or ``"reference"``).
+            ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"pallas"``,
+            ``"flex"`` or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -188,6 +193,28 @@ class BigBirdAttention(BaseAttention):
     @_pallas.refuses
     def _pallas(self, context):
         return pallas_refusal()
+
+    @implementation("flex", kind="flex", dropout=False)
+    def _flex(self, query, key, value, context):
+        """The layer's block mask (global rows included) in PyTorch's
+        FlexAttention (torch only, by name)."""
+        T, S = context.query_length, context.key_length
+        b = self.block_size
+        key_mask = context.padding.key_mask
+        used = la_bigbird.used_key_blocks(key_mask, S, b)
+        table = la_bigbird.block_mask(
+            -(-T // b), -(-S // b), used, self.window_blocks, self.global_blocks,
+            self.random_blocks, self.seed, context.causal)
+        return backend_ops().flex.bigbird_attention(
+            query, key, value, table, b,
+            causal_pattern=la_ops.CausalPattern() if context.causal else None,
+            key_mask=key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_flex.refuses
+    def _flex(self, context):
+        return flex_refusal(self.compute_dtype, trainable=self.trainable)
 
     def _attend_blocks(self, query, key, value, context, fused, dropout_fn=None):
         return la_bigbird.bigbird_attention(

@@ -6,6 +6,7 @@ import keras
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
 from keras_longattn.kernels import backend_ops
+from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import pallas_refusal
@@ -30,6 +31,10 @@ class LocalAttention(BaseAttention):
     same band in one block-sparse flash-attention kernel
     (``kernels/jax/pallas_attention.py``): chosen by ``"auto"`` on GPU/TPU,
     interpreted (slowly, for tests) on the CPU; no attention dropout.
+    ``"flex"`` (PyTorch only, by name) runs the band in FlexAttention
+    (``torch.nn.attention.flex_attention``), its block mask and mask from
+    the same ``LocalPattern``; no attention dropout, and on the CPU forward
+    only (see the fast paths guide).
 
     Args:
         num_heads: number of attention heads.
@@ -47,7 +52,8 @@ class LocalAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
-            ``"pallas"`` (JAX, see the fast paths guide) or ``"reference"``; ``"band_kernel"`` is the backend's own
+            ``"pallas"`` (JAX, see the fast paths guide), ``"flex"``
+            (PyTorch's FlexAttention) or ``"reference"``; ``"band_kernel"`` is the backend's own
             band kernel, PyTorch on the CPU only, float32, equal query and
             key lengths: the flash kernel on overlapping views of the keys,
             preferred by ``"auto"`` there).
@@ -168,6 +174,20 @@ class LocalAttention(BaseAttention):
     @_pallas.refuses
     def _pallas(self, context):
         return pallas_refusal()
+
+    @implementation("flex", kind="flex", dropout=False)
+    def _flex(self, query, key, value, context):
+        """The band in PyTorch's FlexAttention (torch only, by name)."""
+        T, S = context.query_length, context.key_length
+        return backend_ops().flex.local_attention(
+            query, key, value, self.attention_pattern(T, S, context.causal),
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_flex.refuses
+    def _flex(self, context):
+        return flex_refusal(self.compute_dtype, trainable=self.trainable)
 
     def _band(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)

@@ -7,6 +7,7 @@ from keras_longattn import ops as la_ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.kernels import backend_ops
+from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
@@ -67,6 +68,11 @@ class LongformerAttention(BaseAttention):
     ``"pallas"`` (JAX only; preferred by ``"auto"`` on GPU/TPU, interpreted
     on the CPU; no attention dropout) runs the three parts in the
     block-sparse Pallas kernel, the window on tokens sorted by residue.
+    ``"flex"`` (PyTorch only, by name; no attention dropout, and on the
+    CPU forward only) runs them in FlexAttention
+    (``torch.nn.attention.flex_attention``): per dilation the window on
+    tokens sorted by residue with the global keys appended (one softmax),
+    then the global rows, block masks and masks from the same patterns.
     ``"reference"`` is dense attention under the same pattern and
     projections, O(n^2).
 
@@ -104,7 +110,7 @@ class LongformerAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"band_kernel"``, ``"blocked_fused"``,
-            ``"pallas"`` or ``"reference"``; ``"band_kernel"`` is the
+            ``"pallas"``, ``"flex"`` or ``"reference"``; ``"band_kernel"`` is the
             backend's band kernel with the global keys in the same softmax,
             PyTorch on the CPU only, float32, dilation 1, equal query and
             key lengths, preferred by ``"auto"`` there).
@@ -455,6 +461,31 @@ class LongformerAttention(BaseAttention):
     @_pallas.refuses
     def _pallas(self, context):
         return pallas_refusal()
+
+    @implementation("flex", kind="flex", dropout=False)
+    def _flex(self, query, key, value, context):
+        """Every part in PyTorch's FlexAttention (torch only, by name): the
+        window per dilation (tokens sorted by residue) with the global keys
+        appended, and the global rows."""
+        look_back, look_ahead = la_longformer.window_extents(self.window, context.causal)
+        windows = {r: la_ops.DilatedPattern(look_back, look_ahead, r)
+                   for r in set(self.dilations)}
+        slots = context.global_slots
+        qg, kg, vg = self._global_projections(context, rows_only=True)
+        return backend_ops().flex.longformer_attention(
+            query, key, value, tuple(windows[r] for r in self.dilations), self.dilations,
+            global_pattern=la_ops.CausalPattern() if context.causal else la_ops.FullPattern(),
+            global_positions=None if slots is None else slots.positions,
+            global_query_valid=None if slots is None else slots.query_valid,
+            global_key_valid=None if slots is None else slots.key_valid,
+            global_query=qg, global_key=kg, global_value=vg,
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_flex.refuses
+    def _flex(self, context):
+        return flex_refusal(self.compute_dtype, trainable=self.trainable)
 
     def _input_space_projections(self, context):
         """``(key_input, value_input, key_kernel, value_kernel, value_bias,

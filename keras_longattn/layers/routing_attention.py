@@ -13,6 +13,7 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.kernels import backend_ops
 from keras_longattn.kernels import compiled
+from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
@@ -127,6 +128,12 @@ class RoutingAttention(BaseAttention):
     blocks of gathered tokens (each token's cluster and position encoded
     in its kernel position) and the local heads' band in the block-sparse
     Pallas kernel; it refuses ``shared_qk=True`` and causal token routing.
+    ``"flex"`` (PyTorch only, by name; no attention dropout, and on the CPU
+    forward only) runs the same in FlexAttention
+    (``torch.nn.attention.flex_attention``): each head's tokens gathered
+    cluster by cluster, the clusters block-diagonal "documents" (causal:
+    AND ``CausalPattern`` on the gathered positions), the local heads'
+    band from their ``LocalPattern``; it refuses the same calls.
 
     Reference path: the same clusters (computed once, from the same
     centroids) turned into dense ``(T, S)`` masks. For balanced routing,
@@ -173,8 +180,8 @@ class RoutingAttention(BaseAttention):
         **kwargs: the other arguments of
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
-            ``"auto"``, ``"routed"``, ``"routed_fused"``, ``"pallas"`` or
-            ``"reference"``).
+            ``"auto"``, ``"routed"``, ``"routed_fused"``, ``"pallas"``,
+            ``"flex"`` or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -478,6 +485,45 @@ class RoutingAttention(BaseAttention):
                 return ("num_clusters * the position stride overflows the "
                         "kernel's int32 positions")
         return None
+
+    @implementation("flex", kind="flex", dropout=False)
+    def _flex(self, query, key, value, context):
+        """Balanced clusters as block-diagonal documents (and the local
+        heads' band) in PyTorch's FlexAttention (torch only, by name)."""
+        flex = backend_ops().flex
+
+        T, S = context.query_length, context.key_length
+        scale = self._inverse_sqrt_key_dim
+        key_mask = context.padding.key_mask
+        causal = la_ops.CausalPattern() if context.causal else None
+        q_loc, q_rt = self._split_heads(query)
+        k_loc, k_rt = self._split_heads(key)
+        v_loc, v_rt = self._split_heads(value)
+        parts = []
+        window = self.routing_window(la_ops.shapes.larger(T, S))
+        if self.routing_heads:
+            routing = self._route(q_rt, k_rt, context, nearest=False)
+            window = routing.window
+        if self.local_heads:
+            look_back, look_ahead = self._local_extents(context.causal, window)
+            parts.append(flex.local_attention(
+                q_loc, k_loc, v_loc, la_ops.LocalPattern(look_back, look_ahead),
+                key_mask=key_mask, scale=scale))
+        if self.routing_heads:
+            parts.append(flex.cluster_attention(
+                q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
+                causal_pattern=causal, key_mask=key_mask, scale=scale))
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+    @_flex.refuses
+    def _flex(self, context):
+        if self.shared_qk:
+            return ("shared_qk=True (no attention to oneself unless alone) is "
+                    "not in the FlexAttention path")
+        if context.causal and self.causal_routing == "token":
+            return ("causal_routing='token' (sorted chunks) is not in the "
+                    "FlexAttention path")
+        return flex_refusal(self.compute_dtype, trainable=self.trainable)
 
     def _clustered(self, query, key, value, context, fused, torch_kernel=False):
         if not la_ops.shapes.is_static(context.query_length, context.key_length):

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.kernels import backend_ops as la_backend_ops
+from keras_longattn.kernels import flex_refusal
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
@@ -75,6 +76,13 @@ class SparseAttention(BaseAttention):
         so that a stride's column or the summary keys are contiguous (preferred
         by ``"auto"`` on GPU/TPU, interpreted on the CPU; no attention
         dropout; ``remat`` is moot, the kernel stores no weights).
+        ``"flex"`` (PyTorch only, by name): every part in FlexAttention
+        (``torch.nn.attention.flex_attention``), block masks and masks from
+        the same patterns, tokens arranged as for ``"pallas"``; strided
+        ``"merged"`` merges A and B by log-sum-exp (not on the CPU, whose
+        FlexAttention returns none), fixed ``"merged"`` appends the summary
+        keys to the keys (one softmax); no attention dropout, and on the
+        CPU forward only.
         ``"reference"``: dense attention under each head's
         pattern, O(T * S); also used for ``return_attention_scores``.
 
@@ -112,7 +120,7 @@ class SparseAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
-            ``"pallas"`` or ``"reference"``).
+            ``"pallas"``, ``"flex"`` or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -360,6 +368,30 @@ class SparseAttention(BaseAttention):
     @_pallas.refuses
     def _pallas(self, context):
         return pallas_refusal()
+
+    @implementation("flex", kind="flex", dropout=False)
+    def _flex(self, query, key, value, context):
+        """Every part in PyTorch's FlexAttention (torch only, by name)."""
+        T, S = context.query_length, context.key_length
+        l = self.resolve_block_length(la_ops.shapes.larger(T, S))
+        c = self.resolve_summary_width(l)
+        first, second = la_sparse.sparse_transformer_patterns(
+            self.pattern, l, c, context.causal)
+        return la_backend_ops().flex.sparse_attention(
+            query, key, value, self.pattern, l, c, self.combination, first, second,
+            second_only=la_ops.Difference(second, first),
+            first_heads=la_sparse.multihead_split(self.num_heads),
+            key_mask=context.padding.key_mask,
+            scale=self._inverse_sqrt_key_dim,
+        )
+
+    @_flex.refuses
+    def _flex(self, context):
+        # Strided "merged" merges its parts by log-sum-exp.
+        return flex_refusal(
+            self.compute_dtype, trainable=self.trainable,
+            needs_lse=self.pattern == "strided" and self.combination == "merged",
+        )
 
     def _block_sparse(self, query, key, value, context, fused, band_kernel=False):
         T, S = context.query_length, context.key_length

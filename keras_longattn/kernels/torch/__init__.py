@@ -48,6 +48,14 @@ class TorchOps(BackendOps):
 
         return lsh
 
+    @property
+    def flex(self):
+        # The "flex" paths: FlexAttention under the layers' patterns
+        # (kernels/torch/flex.py; its refusal says when torch has none).
+        from keras_longattn.kernels.torch import flex
+
+        return flex
+
     def take_rows(self, x, rows):
         x = ops.convert_to_tensor(x)
         rows = ops.convert_to_tensor(rows).to(torch.int64)
