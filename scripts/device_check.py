@@ -233,12 +233,15 @@ def check_case(name, cls, kwargs, causal, path, n, heads, key_dim):
     return result
 
 
-def stage_correct():
+def stage_correct(shard=0, shards=1):
+    """The cases ``shard, shard + shards, ...`` of :func:`layer_cases` (the
+    shell script runs the shards side by side: compiling dominates)."""
     path = "pallas" if BACKEND == "jax" else "flex"
     n, heads, key_dim = (128, 2, 16) if DRY else (1024, 2, 64)
-    record("device", name=device_name(), accelerator=on_accelerator(),
-           python=platform.python_version(), versions=_versions())
-    for name, cls, kwargs, causal in layer_cases():
+    if shard == 0:
+        record("device", name=device_name(), accelerator=on_accelerator(),
+               python=platform.python_version(), versions=_versions())
+    for name, cls, kwargs, causal in layer_cases()[shard::shards]:
         guarded("correct", lambda: check_case(name, cls, kwargs, causal, path, n, heads,
                                               key_dim),
                 case=name, path=path, n=n)
@@ -384,16 +387,14 @@ def _pattern_methods(path, H, d):
     }
 
 
-#: Tilings tried for the Local Pallas path (changes to the GPU default).
+#: Tilings tried for the Local Pallas path (changes to the GPU default;
+#: forward and backward choices are read off separately).
 SWEEP = {
     "default": {},
-    "fwd_stages3": {"num_stages": 3},
-    "fwd_warps4": {"num_warps": 4},
-    "fwd_q64": {"q_split": 2},
-    "bwd_whole_blocks": {"bwd_q_split": 1, "bwd_k_split": 1},
-    "bwd_warps4": {"bwd_num_warps": 4},
-    "bwd_stages3": {"bwd_num_stages": 3},
-    "bwd_q32": {"bwd_q_split": 4},
+    "fwd_stages3_bwd_whole": {"num_stages": 3, "bwd_q_split": 1, "bwd_k_split": 1},
+    "fwd_warps4_bwd_warps4": {"num_warps": 4, "bwd_num_warps": 4},
+    "fwd_q64_bwd_stages3": {"q_split": 2, "bwd_num_stages": 3},
+    "fwd_k64_bwd_q32": {"k_split": 2, "bwd_q_split": 4},
 }
 
 
@@ -607,9 +608,12 @@ def record_provenance():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in STAGES:
-        sys.exit(f"usage: device_check.py {{{','.join(STAGES)}}}")
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in STAGES:
+        sys.exit(f"usage: device_check.py {{{','.join(STAGES)}}} [SHARD/SHARDS]")
+    args = ()
+    if len(sys.argv) == 3:
+        args = tuple(int(x) for x in sys.argv[2].split("/"))
     try:
-        STAGES[sys.argv[1]]()
+        STAGES[sys.argv[1]](*args)
     finally:
         record_provenance()

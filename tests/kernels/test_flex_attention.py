@@ -482,3 +482,24 @@ def test_not_chosen_by_auto():
     with _no_grad():
         assert "flex" not in layer.auto_order()
         assert layer.select_implementation(query_length=N, key_length=N) != "flex"
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the flex path is torch's")
+def test_auto_tries_flex_only_where_a_device_proved_it(monkeypatch):
+    """"auto" puts the flex path first only on a CUDA device kind in the
+    proven table (or named by the trust variable), never on the CPU."""
+    from keras_longattn.kernels import proven
+
+    layer = LocalAttention(num_heads=2, key_dim=8, window=4)
+    assert "flex" not in layer.auto_order()
+    monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
+    monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
+    assert "flex" not in layer.auto_order()
+    monkeypatch.setitem(proven.PROVEN, ("torch", "Test GPU 9000"),
+                        {"flex": {"date": "2026-11-26", "check": "test"}})
+    assert layer.auto_order()[0] == "flex"
+    monkeypatch.delitem(proven.PROVEN, ("torch", "Test GPU 9000"))
+    monkeypatch.setenv(proven.TRUST_VARIABLE, "flex")
+    assert layer.auto_order()[0] == "flex"
+    monkeypatch.setattr(proven, "active_device_kind", lambda backend: None)
+    assert "flex" not in layer.auto_order()

@@ -23,7 +23,18 @@ MAX_SCORES_PER_CALL = 1 << 22
 
 class TorchOps(BackendOps):
     name = "torch"
-    auto_preference = ("fused", "explicit")
+
+    @property
+    def auto_preference(self):
+        """Fused kernels first (the CPU flash kernel and the band kernels);
+        FlexAttention before them on a CUDA device kind where a device run
+        has proven it (:mod:`keras_longattn.kernels.proven`)."""
+        from keras_longattn.kernels import proven
+
+        device = proven.active_device_kind("torch")
+        if "flex" in proven.trusted_kinds("torch", device):
+            return ("flex", "fused", "explicit")
+        return ("fused", "explicit")
     max_scores_per_call = MAX_SCORES_PER_CALL
 
     @property
