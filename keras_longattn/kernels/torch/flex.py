@@ -217,12 +217,16 @@ class _Cache:
 
 _STRUCTURES = _Cache(MAX_STRUCTURES)
 _COMPILED = _Cache(MAX_COMPILED)
+#: Whole BlockMasks of calls whose mask_mod reads no per-call tensor (no
+#: padding): building one costs more than a short kernel.
+_MASKS = _Cache(MAX_STRUCTURES)
 
 
 def clear_caches():
     """Drops every cached block mask and compiled function."""
     _STRUCTURES.clear()
     _COMPILED.clear()
+    _MASKS.clear()
 
 
 def compiled_count():
@@ -279,12 +283,22 @@ def unfused():
         _UNFUSED.pop()
 
 
-def _run(site, query, key, value, structure, mask_mod, scale, return_lse=False):
+def _run(site, query, key, value, structure, mask_mod, scale, return_lse=False,
+         mask_key=None):
     """FlexAttention on ``(B, H, L, d)`` tensors under ``mask_mod`` and the
-    tiles of ``structure`` (:func:`block_structure`)."""
+    tiles of ``structure`` (:func:`block_structure`). ``mask_key``: where
+    ``mask_mod`` reads no per-call tensor, the key under which the built
+    BlockMask is kept for the next call."""
     T, S = query.shape[2], key.shape[2]
-    block_mask = _flex_module.BlockMask.from_kv_blocks(
-        *structure, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, S))
+
+    def make():
+        return _flex_module.BlockMask.from_kv_blocks(
+            *structure, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, S))
+
+    if mask_key is None:
+        block_mask = make()
+    else:
+        block_mask = _MASKS.get((mask_key, T, S, str(query.device)), make)
     scale = float(scale) if scale is not None else 1.0 / float(query.shape[-1]) ** 0.5
     if _UNFUSED[-1]:
         return _flex_call(query, key, value, block_mask, scale, return_lse)
@@ -475,10 +489,11 @@ def pattern_attention(query, key, value, pattern, key_mask=None, scale=None, q_o
         lse = torch.full(query.shape[:3], -float("inf"), device=device)
         return (out, lse) if return_lse else out
     structure, mask_mod = _pattern_parts(pattern, T, S, device, q_order, k_order, valid)
-    result = _run(("pattern", pattern, _order_key(q_order, "q"), _order_key(k_order, "k"),
-                   valid is not None),
-                  _heads_first(query), _heads_first(key), _heads_first(value), structure,
-                  mask_mod, scale, return_lse)
+    site = ("pattern", pattern, _order_key(q_order, "q"), _order_key(k_order, "k"),
+            valid is not None)
+    result = _run(site, _heads_first(query), _heads_first(key), _heads_first(value),
+                  structure, mask_mod, scale, return_lse,
+                  mask_key=site if valid is None else None)
     out, lse = result if return_lse else (result, None)
     out = _heads_first(out)
     if q_order is not None:
