@@ -1,8 +1,9 @@
 """Summary of a device check (``scripts/device_check.sh``): the results
 file behind the benchmark page's GPU table, and the issue's criteria.
 
-    python -m keras_longattn.benchmarks.device_report OUT/results.jsonl \\
-        [--write docs/benchmarks/gpu_results.json] [--commit SHA]
+    python -m keras_longattn.benchmarks.device_report RUN1/results.jsonl \\
+        [RUN2/results.jsonl ...] [--write docs/benchmarks/gpu_results.json] \\
+        [--commit SHA1 --commit SHA2 ...]
 
 reads the JSON lines the stages wrote and prints (or writes) one document:
 the device and versions, every correctness case per backend and dtype,
@@ -55,11 +56,20 @@ def _peaks(rows):
             if r.get("kind") == "peak" and r.get("status") == "ok"}
 
 
+def run_peak(rows):
+    """The run's bf16 matrix-product peak: the fastest of the products each
+    backend timed on the same device in the same run (a product timed
+    while the clocks still ramp up reads low)."""
+    peaks = _peaks(rows)
+    return max(peaks.values()) if peaks else None
+
+
 def timing_table(rows):
     """One entry per timing: ms, ratio of full attention's time (same
-    backend, same n) to this one, useful TFLOP/s and fraction of the
-    peak."""
+    backend, same n) to this one, useful TFLOP/s and fraction of the run's
+    peak (:func:`run_peak`)."""
     timings = _timings(rows)
+    peak = run_peak(rows)
     out = []
     for (backend, method, n), row in sorted(timings.items(),
                                             key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
@@ -67,7 +77,8 @@ def timing_table(rows):
         entry = {"backend": backend, "method": method, "n": n, "ms": row["ms"],
                  "speedup_vs_full": (full["ms"] / row["ms"]) if full else None,
                  "useful_tflops": row.get("useful_tflops"),
-                 "fraction_of_peak": row.get("fraction_of_peak")}
+                 "fraction_of_peak": (row["useful_tflops"] / peak
+                                      if peak and row.get("useful_tflops") else None)}
         out.append(entry)
     failures = [{"backend": r["backend"], "method": r.get("method"), "n": r.get("n"),
                  "status": r.get("status"), "error": r.get("error") or r.get("reason")}
@@ -99,12 +110,13 @@ def criteria(rows):
     """The issue's GPU criteria, each with the numbers it is judged on
     (``passed`` None where a number is missing)."""
     t = _timings(rows)
+    peak = run_peak(rows)
     n = CRITERIA_LENGTH
     get = lambda backend, method, size=n: t.get((backend, method, size))  # noqa: E731
     out = []
 
-    def add(name, passed, **numbers):
-        out.append({"criterion": name, "passed": passed, **numbers})
+    def add(name, passed, numbers=None, **more):
+        out.append({"criterion": name, "passed": passed, **(numbers or {}), **more})
 
     pallas, cudnn = get("jax", "local_pallas"), get("jax", "local_cudnn_window")
     if pallas and cudnn:
@@ -129,21 +141,40 @@ def criteria(rows):
         else:
             add(name, None)
         name = f"{method} at least 35% of the measured bf16 matrix-product peak"
-        if row and row.get("fraction_of_peak") is not None:
-            add(name, row["fraction_of_peak"] >= 0.35, fraction=row["fraction_of_peak"],
-                useful_tflops=row["useful_tflops"])
+        if row and peak and row.get("useful_tflops"):
+            add(name, row["useful_tflops"] / peak >= 0.35,
+                fraction=row["useful_tflops"] / peak, useful_tflops=row["useful_tflops"],
+                peak_tflops=peak)
         else:
             add(name, None)
     million = [r for (b, m, size), r in t.items() if size == MILLION and m.startswith("local")]
     add("1,048,576 tokens of Local forward+backward on one GPU", bool(million) or None,
         runs=[{"backend": r["backend"], "method": r["method"], "ms": r["ms"]} for r in million])
-    correct = correctness_table(rows)
-    add("every Pallas and Flex path equals the reference (float32, bfloat16, values and "
-        "gradients)", bool(correct) and all(c["status"] == "pass" for c in correct) or (
-            None if not correct else False),
-        cases=len(correct), failed=[f"{c['backend']}:{c['case']}" for c in correct
-                                    if c["status"] != "pass"])
+    add(ALL_PATHS, *_all_paths(correctness_table(rows)))
     return out
+
+
+#: The correctness criterion's name.
+ALL_PATHS = ("every Pallas and Flex path equals the reference (float32, bfloat16, values "
+             "and gradients)")
+
+
+def _all_paths(cases):
+    """``(passed, numbers)`` of the correctness criterion: False where a
+    case failed or raised, None where none failed but some were not
+    checked (cut off by a stage's time limit), True where all passed."""
+    failed = [f"{c['backend']}:{c['case']}" for c in cases if c["status"] in ("fail", "error")]
+    unchecked = [f"{c['backend']}:{c['case']}" for c in cases
+                 if c["status"] not in ("pass", "fail", "error")]
+    if failed:
+        passed = False
+    elif unchecked or not cases:
+        passed = None
+    else:
+        passed = True
+    return passed, {"cases": len(cases), "passed_cases": sum(c["status"] == "pass"
+                                                              for c in cases),
+                    "failed": failed, "unchecked": unchecked}
 
 
 def sweep_table(rows):
@@ -169,6 +200,45 @@ def provenance_record(rows, commit=None):
             "machine": first.get("machine")}
 
 
+def summarize_runs(runs):
+    """One document from several runs on one device kind, ``runs`` a list
+    of ``(rows, commit)`` in the order they ran: every timing and every
+    criterion is computed within one run (ratios never mix runs); each
+    criterion is reported from the last run that measured it, each
+    correctness case from the last run that checked it, every entry with
+    its run's commit. The provenance is the last run's."""
+    docs = [summarize(rows, commit) for rows, commit in runs]
+    for i, doc in enumerate(docs):
+        for key in ("criteria", "correctness", "timings", "timing_failures", "tiling_sweep",
+                    "keras_layers"):
+            for entry in doc[key]:
+                entry["run"] = i + 1
+                entry["commit"] = doc["commit"]
+    last = dict(docs[-1])
+    criteria = {}
+    for doc in docs:
+        for c in doc["criteria"]:
+            if c["passed"] is not None or c["criterion"] not in criteria:
+                criteria[c["criterion"]] = c
+    last["criteria"] = list(criteria.values())
+    cases = {}
+    for doc in docs:
+        for c in doc["correctness"]:
+            if c["status"] in ("pass", "fail") or (c["backend"], c["case"]) not in cases:
+                cases[(c["backend"], c["case"])] = c
+    last["correctness"] = list(cases.values())
+    for key in ("timings", "timing_failures", "tiling_sweep", "keras_layers"):
+        last[key] = [e for doc in docs for e in doc[key]]
+    last["runs"] = [{"run": i + 1, "commit": d["commit"], "peak_tflops": d["peak_tflops"],
+                     "versions": d["versions"]} for i, d in enumerate(docs)]
+    # The whole-check criterion again, over the merged cases.
+    for c in last["criteria"]:
+        if c["criterion"] == ALL_PATHS:
+            passed, numbers = _all_paths(last["correctness"])
+            c.update(passed=passed, run=None, commit=None, **numbers)
+    return last
+
+
 def summarize(rows, commit=None):
     devices = {r["backend"]: r for r in rows if r.get("kind") == "device"}
     timings, failures = timing_table(rows)
@@ -180,11 +250,15 @@ def summarize(rows, commit=None):
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "versions": {b: d.get("versions") for b, d in devices.items()},
         "peak_tflops": _peaks(rows),
+        "run_peak_tflops": run_peak(rows),
         "criteria": criteria(rows),
         "correctness": correctness_table(rows),
         "timings": timings,
         "timing_failures": failures,
         "tiling_sweep": sweep_table(rows),
+        "keras_layers": [{k: v for k, v in r.items() if k not in ("kind", "dry")}
+                         for r in rows if r.get("kind") == "bench"
+                         and r.get("method") == "keras_layers" and r.get("status") == "ok"],
     }
 
 
@@ -198,11 +272,19 @@ def _git_commit():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="results.jsonl of scripts/device_check.sh")
+    parser.add_argument("results", nargs="+",
+                        help="results.jsonl of scripts/device_check.sh, one per run, "
+                             "in the order they ran")
     parser.add_argument("--write", help="write the summary JSON here")
-    parser.add_argument("--commit", help="commit the check ran on (default: HEAD)")
+    parser.add_argument("--commit", action="append",
+                        help="commit each run ran on, in the same order (default: HEAD)")
     args = parser.parse_args(argv)
-    summary = summarize(load(args.results), commit=args.commit or _git_commit())
+    commits = args.commit or [_git_commit()] * len(args.results)
+    if len(commits) != len(args.results):
+        parser.error(f"give one --commit per results file. Received: {len(commits)} commits "
+                     f"for {len(args.results)} files")
+    summary = summarize_runs([(load(path), commit)
+                              for path, commit in zip(args.results, commits)])
     text = json.dumps(summary, indent=1, default=str)
     if args.write:
         Path(args.write).write_text(text + "\n")
