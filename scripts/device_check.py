@@ -304,9 +304,11 @@ def _block(out):
 
 
 def bench_shape():
-    if DRY:
-        return 1, 2, 32, [256, 512]
-    return 1, 16, 128, [16384, 65536, 131072]
+    """``(B, H, d, lengths)``; ``DEVICE_CHECK_SIZES`` (comma-separated)
+    replaces the lengths."""
+    sizes = os.environ.get("DEVICE_CHECK_SIZES")
+    B, H, d, default = (1, 2, 32, [256, 512]) if DRY else (1, 16, 128, [16384, 65536, 131072])
+    return B, H, d, [int(x) for x in sizes.split(",")] if sizes else default
 
 
 WINDOW = 512
@@ -453,7 +455,7 @@ def stage_bench():
     reps = 3 if DRY else 5
     if BACKEND == "jax":
         sweep_tilings(sizes[len(sizes) // 2], B, H, d, measure)
-    million = 4096 if DRY else 1 << 20
+    million = int(os.environ.get("DEVICE_CHECK_MILLION", 4096 if DRY else 1 << 20))
     middle = sizes[len(sizes) // 2]
     # The size the criteria are judged at first, then the million tokens,
     # then the other sizes (a stage cut off by its limit keeps the first).
