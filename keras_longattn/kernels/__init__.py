@@ -5,7 +5,10 @@
 jax, tensorflow or torch. Where a backend has a faster or a more exact way
 to do one of the few operations below, it lives in
 ``kernels/<backend>/`` and is reached through :func:`backend_ops`, which
-imports the active backend's module lazily, on first use.
+imports the active backend's module lazily, on first use. ``ops`` calls the
+table; layers reach it through ``ops`` (only ``layers/dispatch.py`` reads
+it); no kernel imports :mod:`keras_longattn.ops` (constants both need live
+in :mod:`keras_longattn.kernels.constants`).
 
 The table (methods of :class:`BackendOps`; the portable default is what a
 backend without its own entry gets):
@@ -31,6 +34,12 @@ backend without its own entry gets):
   value_dim)`` is None (the
   portable table has none: it refuses every call); ``strided_attention``
   and ``fixed_attention`` likewise, for the Sparse Transformer's patterns;
+* ``block_sparse_attention(query, key, value, rows, cols, block_q,
+  block_k, predicate, q_pos, k_pos, k_valid, scale)``: block-sparse flash
+  attention under a block layout's tables (the Pallas kernel of
+  ``kernels/jax/pallas_attention.py`` on JAX), where
+  ``block_sparse_refusal()`` is None (the portable table refuses); the
+  layers reach it through :mod:`keras_longattn.ops.block_sparse`;
 * ``kernelized``: a module of kernelized attention with hand-written
   gradients (``associative_attention`` and ``softmax_kernel_features``, the
   arguments and results of :mod:`keras_longattn.ops.kernelized` and
@@ -79,9 +88,6 @@ class BackendOps:
     #: LSH attention kernel module, with ``hash_buckets`` and
     #: ``lsh_attention`` (None: none).
     lsh = None
-    #: The block-sparse Pallas kernel's layer entry points
-    #: (``kernels/jax/pallas_layers.py``; None: none).
-    pallas = None
     #: The FlexAttention entry points of the ``"flex"`` paths
     #: (``kernels/torch/flex.py``; None: none).
     flex = None
@@ -170,6 +176,27 @@ class BackendOps:
         few more keys in the same softmax (Longformer's global keys). Only
         where :meth:`band_attention_refusal` is None."""
         raise NotImplementedError(self.band_attention_refusal(None, None, None, None, None))
+
+    def block_sparse_refusal(self):
+        """Why :meth:`block_sparse_attention` cannot run on this backend
+        (None: it can)."""
+        return (
+            "the Pallas kernel needs the JAX backend (KERAS_BACKEND=jax); "
+            f"the active backend is {self.name!r}"
+        )
+
+    def block_sparse_attention(self, query, key, value, rows, cols, block_q, block_k, *,
+                               predicate=None, q_pos=None, k_pos=None, k_valid=None,
+                               scale=None):
+        """Block-sparse flash attention of ``(B, T, H, d)`` heads: query
+        block ``i`` visits the key blocks that row ``i`` of the int32
+        layout table ``rows`` lists (``cols``: the transposed table), with
+        blocks of ``block_q`` queries and ``block_k`` keys; inside a visited
+        block ``predicate.allowed(q_pos, k_pos)`` decides each pair (None:
+        every pair) and ``k_valid`` marks real keys. Returns ``(out, lse)``.
+        Only where :meth:`block_sparse_refusal` is None (the arguments are
+        those of :func:`keras_longattn.kernels.jax.pallas_attention.block_sparse_attention`)."""
+        raise NotImplementedError(self.block_sparse_refusal())
 
     def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
         """The Sparse Transformer's strided pattern (heads ``[0,

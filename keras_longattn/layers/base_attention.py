@@ -12,7 +12,7 @@ from keras import ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
-from keras_longattn.kernels import backend_ops
+from keras_longattn.layers.dispatch import auto_preference as dispatch_auto_preference
 from keras_longattn.layers.dispatch import collect_implementations
 
 #: ``(layer class name, reasons)`` pairs already warned about.
@@ -466,7 +466,7 @@ class BaseAttention(keras.layers.Layer):
         (:attr:`keras_longattn.kernels.BackendOps.auto_preference`: fused
         kernels first on PyTorch, explicit einsums first where XLA fuses
         them), then in declaration order."""
-        preference = backend_ops().auto_preference
+        preference = dispatch_auto_preference()
         table = self._implementation_table
         # A kind the backend does not list (e.g. "pallas" off JAX GPU/TPU)
         # only runs when named.

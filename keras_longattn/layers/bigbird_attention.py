@@ -5,11 +5,8 @@ import random
 import keras
 
 from keras_longattn import ops as la_ops
-from keras_longattn.kernels import backend_ops
-from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
-from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import bigbird as la_bigbird
 
@@ -181,9 +178,7 @@ class BigBirdAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """The layer's block mask as the layout of the block-sparse Pallas
         kernel (JAX only), global rows included."""
-        pallas_layers = backend_ops().pallas
-
-        return pallas_layers.bigbird_attention(
+        return la_ops.block_sparse.bigbird_attention(
             query, key, value, self.block_size, self.window_blocks,
             self.global_blocks, self.random_blocks, self.seed, context.causal,
             key_mask=context.padding.key_mask,
@@ -192,7 +187,7 @@ class BigBirdAttention(BaseAttention):
 
     @_pallas.refuses
     def _pallas(self, context):
-        return pallas_refusal()
+        return la_ops.paths.refusal("block_sparse")
 
     @implementation("flex", kind="flex", dropout=False)
     def _flex(self, query, key, value, context):
@@ -205,8 +200,8 @@ class BigBirdAttention(BaseAttention):
         table = la_bigbird.block_mask(
             -(-T // b), -(-S // b), used, self.window_blocks, self.global_blocks,
             self.random_blocks, self.seed, context.causal)
-        return backend_ops().flex.bigbird_attention(
-            query, key, value, table, b,
+        return la_ops.paths.flex_attention(
+            "bigbird", query, key, value, table, b,
             causal_pattern=la_ops.CausalPattern() if context.causal else None,
             key_mask=key_mask,
             scale=self._inverse_sqrt_key_dim,
@@ -214,7 +209,7 @@ class BigBirdAttention(BaseAttention):
 
     @_flex.refuses
     def _flex(self, context):
-        return flex_refusal(self.compute_dtype, trainable=self.trainable)
+        return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
 
     def _attend_blocks(self, query, key, value, context, fused, dropout_fn=None):
         return la_bigbird.bigbird_attention(

@@ -12,10 +12,13 @@ a masked softmax and the weighted sum with ``keras.ops`` (which XLA fuses on
 JAX and TensorFlow); ``"fused"`` paths hand block layouts to
 ``keras.ops.dot_product_attention`` (PyTorch's flash kernel on the CPU);
 ``"pallas"`` paths run the block-sparse Pallas kernel (JAX only, refused on
-other backends with :func:`pallas_refusal`; ``"auto"`` tries them on GPU/TPU
-only). The
-order in which ``implementation="auto"`` tries the kinds on each backend is
-one table, :attr:`keras_longattn.kernels.BackendOps.auto_preference`.
+other backends with :func:`keras_longattn.ops.paths.refusal`; ``"auto"``
+tries them on GPU/TPU only). The order in which ``implementation="auto"``
+tries the kinds on each backend is one table,
+:attr:`keras_longattn.kernels.BackendOps.auto_preference`
+(:func:`auto_preference`). This is the only module of the layers that reads
+the backend table; the layers' paths reach the kernels through
+:mod:`keras_longattn.ops`.
 
 A layer declares its paths with the :func:`implementation` decorator, in its
 order of preference within a kind::
@@ -38,6 +41,7 @@ order of preference within a kind::
 
 from keras_longattn.kernels import IMPLEMENTATION_KINDS
 from keras_longattn.kernels import backend_ops
+from keras_longattn.ops import paths as la_paths
 
 #: Reason given when a path without attention dropout meets dropout in
 #: training.
@@ -46,14 +50,16 @@ DROPOUT_REASON = "attention dropout in training needs the explicit weights"
 
 def pallas_refusal():
     """Why a ``"pallas"`` path cannot run on the active backend (None on
-    JAX, where it compiles on GPU/TPU and is interpreted on the CPU)."""
-    ops_table = backend_ops()
-    if ops_table.pallas is None:
-        return (
-            "the Pallas kernel needs the JAX backend (KERAS_BACKEND=jax); "
-            f"the active backend is {ops_table.name!r}"
-        )
-    return None
+    JAX, where it compiles on GPU/TPU and is interpreted on the CPU):
+    :func:`keras_longattn.ops.paths.refusal` of ``"block_sparse"``."""
+    return la_paths.refusal("block_sparse")
+
+
+def auto_preference():
+    """The kinds of implementation in the order ``implementation="auto"``
+    tries them on the active backend
+    (:attr:`keras_longattn.kernels.BackendOps.auto_preference`)."""
+    return backend_ops().auto_preference
 
 
 class Implementation:

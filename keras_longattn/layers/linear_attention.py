@@ -4,24 +4,21 @@ a positive feature map in place of the softmax, linear in the length."""
 import keras
 from keras import ops
 
-from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import kernelized
+from keras_longattn.ops import paths as la_paths
 from keras_longattn.ops import shapes
 
 
 #: Why ``"kernel_fused"`` refuses a call on a backend without the entry.
-NO_FUSED_KERNEL = (
-    "the backend has no kernelized attention with written-out gradients "
-    "(BackendOps.kernelized is None; keras_longattn.kernels)"
-)
+NO_FUSED_KERNEL = la_paths.NO_FUSED_KERNEL
 
 
 def fused_kernelized():
     """The active backend's module of kernelized attention with written-out
-    gradients, or None (:attr:`keras_longattn.kernels.BackendOps.kernelized`)."""
-    return backend_ops().kernelized
+    gradients, or None (:func:`keras_longattn.ops.paths.fused_kernelized`)."""
+    return la_paths.fused_kernelized()
 
 
 #: Most elements of one head slice's features, ``B * n * heads * features``
@@ -182,7 +179,7 @@ class LinearAttention(BaseAttention):
 
     @_kernel_fused.refuses
     def _kernel_fused(self, context):
-        return NO_FUSED_KERNEL if fused_kernelized() is None else None
+        return la_paths.refusal("kernelized")
 
     def _attention_reference(self, query, key, value, context):
         """The explicit ``(T, S)`` weights ``phi(q_i) . phi(k_j)`` under the

@@ -5,11 +5,8 @@ import keras
 
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
-from keras_longattn.kernels import backend_ops
-from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
-from keras_longattn.layers.dispatch import pallas_refusal
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -130,12 +127,13 @@ class LocalAttention(BaseAttention):
         kernel on overlapping views of the keys, see
         ``keras_longattn/kernels/torch/band.py``)."""
         look_back, look_ahead = self.extents(context.causal)
-        return backend_ops().band_attention(
+        return la_ops.paths.band_attention(
             query,
             key,
             value,
             look_back,
             look_ahead,
+            path="band_kernel",
             block_size=self.block_size,
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
@@ -143,15 +141,15 @@ class LocalAttention(BaseAttention):
 
     @_band_kernel.refuses
     def _band_kernel(self, context):
-        return backend_ops().band_attention_refusal(
-            self.compute_dtype, context.query_length, context.key_length,
+        return la_ops.paths.refusal(
+            "band_kernel", self.compute_dtype, context.query_length, context.key_length,
             self.key_dim, self.value_dim or self.key_dim,
         )
 
     @_band_kernel.reports
     def _band_kernel(self, context):
         # "band_kernel:flash" where the compiled kernel did not run.
-        return backend_ops().band_kernel_variant()
+        return la_ops.paths.variant("band_kernel")
 
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
@@ -162,32 +160,32 @@ class LocalAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """The band in the block-sparse Pallas kernel (JAX only; preferred
         by ``"auto"`` on GPU/TPU, interpreted on the CPU)."""
-        pallas_layers = backend_ops().pallas
-
         look_back, look_ahead = self.extents(context.causal)
-        return pallas_layers.band_attention(
-            query, key, value, look_back, look_ahead,
+        return la_ops.paths.band_attention(
+            query, key, value, look_back, look_ahead, path="block_sparse",
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
         )
 
     @_pallas.refuses
     def _pallas(self, context):
-        return pallas_refusal()
+        return la_ops.paths.refusal("block_sparse")
 
     @implementation("flex", kind="flex", dropout=False)
     def _flex(self, query, key, value, context):
         """The band in PyTorch's FlexAttention (torch only, by name)."""
         T, S = context.query_length, context.key_length
-        return backend_ops().flex.local_attention(
-            query, key, value, self.attention_pattern(T, S, context.causal),
+        look_back, look_ahead = self.extents(context.causal)
+        return la_ops.paths.band_attention(
+            query, key, value, look_back, look_ahead, path="flex",
+            pattern=self.attention_pattern(T, S, context.causal),
             key_mask=context.padding.key_mask,
             scale=self._inverse_sqrt_key_dim,
         )
 
     @_flex.refuses
     def _flex(self, context):
-        return flex_refusal(self.compute_dtype, trainable=self.trainable)
+        return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
 
     def _band(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)

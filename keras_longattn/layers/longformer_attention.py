@@ -6,13 +6,10 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
-from keras_longattn.kernels import backend_ops
-from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
 from keras_longattn.layers.dispatch import implementation
-from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import longformer as la_longformer
 
@@ -418,21 +415,21 @@ class LongformerAttention(BaseAttention):
         the global keys merged by log-sum-exp inside its autograd
         function), then the global rows as in ``"blocked_fused"``."""
         return self._longformer(query, key, value, context,
-                                band_kernel=backend_ops().band_attention)
+                                band_kernel=la_ops.paths.band_kernel_attention)
 
     @_band_kernel.refuses
     def _band_kernel(self, context):
         if any(r != 1 for r in self.dilations):
             return f"dilated windows (dilation={list(self.dilations)}) are not in the band kernel"
-        return backend_ops().band_attention_refusal(
-            self.compute_dtype, context.query_length, context.key_length,
+        return la_ops.paths.refusal(
+            "band_kernel", self.compute_dtype, context.query_length, context.key_length,
             self.key_dim, self.value_dim or self.key_dim,
         )
 
     @_band_kernel.reports
     def _band_kernel(self, context):
         # "band_kernel:flash" where the compiled kernel did not run.
-        return backend_ops().band_kernel_variant()
+        return la_ops.paths.variant("band_kernel")
 
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
@@ -446,10 +443,8 @@ class LongformerAttention(BaseAttention):
         """Every part in the block-sparse Pallas kernel (JAX only): the
         window per dilation (tokens sorted by residue), the global keys
         (merged by log-sum-exp) and the global rows."""
-        pallas_layers = backend_ops().pallas
-
         qg, kg, vg = self._global_projections(context, rows_only=True)
-        return pallas_layers.longformer_attention(
+        return la_ops.block_sparse.longformer_attention(
             query, key, value, self.window, self.dilations,
             causal=context.causal,
             slots=context.global_slots,
@@ -460,7 +455,7 @@ class LongformerAttention(BaseAttention):
 
     @_pallas.refuses
     def _pallas(self, context):
-        return pallas_refusal()
+        return la_ops.paths.refusal("block_sparse")
 
     @implementation("flex", kind="flex", dropout=False)
     def _flex(self, query, key, value, context):
@@ -472,8 +467,8 @@ class LongformerAttention(BaseAttention):
                    for r in set(self.dilations)}
         slots = context.global_slots
         qg, kg, vg = self._global_projections(context, rows_only=True)
-        return backend_ops().flex.longformer_attention(
-            query, key, value, tuple(windows[r] for r in self.dilations), self.dilations,
+        return la_ops.paths.flex_attention(
+            "longformer", query, key, value, tuple(windows[r] for r in self.dilations), self.dilations,
             global_pattern=la_ops.CausalPattern() if context.causal else la_ops.FullPattern(),
             global_positions=None if slots is None else slots.positions,
             global_query_valid=None if slots is None else slots.query_valid,
@@ -485,7 +480,7 @@ class LongformerAttention(BaseAttention):
 
     @_flex.refuses
     def _flex(self, context):
-        return flex_refusal(self.compute_dtype, trainable=self.trainable)
+        return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
 
     def _input_space_projections(self, context):
         """``(key_input, value_input, key_kernel, value_kernel, value_bias,

@@ -12,11 +12,11 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import optional_seed as _optional_seed
 from keras_longattn._validation import positive_int as _positive_int
-from keras_longattn.kernels import backend_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import lsh as lsh_ops
+from keras_longattn.ops import paths as la_paths
 
 #: Seeds are below this bound: calls with ``training=True`` put the seed in
 #: an int32 tensor (PyTorch refuses larger ones, JAX those of 2**32 and up).
@@ -332,11 +332,10 @@ class LSHAttention(BaseAttention):
         """PyTorch only: the rounds' sorted chunks in the flash attention
         kernel, combined and differentiated in one autograd function
         (``keras_longattn.kernels.torch.lsh``)."""
-        kernel = backend_ops().lsh
         query = self._zero_padding(query, self._valid_tokens(context))
         rot, valid, c = self._hash_inputs(query, context)
-        buckets = kernel.hash_buckets(query, rot, valid)
-        return kernel.lsh_attention(
+        buckets = la_paths.lsh_hash_buckets(query, rot, valid)
+        return la_paths.lsh_attention(
             query,
             lsh_ops.shared_keys(query),
             value,
@@ -349,9 +348,7 @@ class LSHAttention(BaseAttention):
 
     @_hashed_torch.refuses
     def _hashed_torch(self, context):
-        if backend_ops().lsh is None:
-            return f"needs the torch backend (active: {backend_ops().name})"
-        return None
+        return la_paths.refusal("lsh")
 
     # ------------------------------------------------------------ reference
     def _attention_reference(self, query, key, value, context):

@@ -10,11 +10,11 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
-from keras_longattn.layers.linear_attention import NO_FUSED_KERNEL
 from keras_longattn.layers.linear_attention import fused_kernelized
 from keras_longattn.layers.linear_attention import fused_head_slices
 from keras_longattn.layers.linear_attention import refuse_dropout
 from keras_longattn.ops import kernelized
+from keras_longattn.ops import paths as la_paths
 from keras_longattn.ops import performer as performer_ops
 
 #: Default number of random features (the paper's m = 256).
@@ -311,7 +311,7 @@ class PerformerAttention(BaseAttention):
 
     @_favor_fused.refuses
     def _favor_fused(self, context):
-        return NO_FUSED_KERNEL if fused_kernelized() is None else None
+        return la_paths.refusal("kernelized")
 
     def _attention_reference(self, query, key, value, context):
         """The explicit ``(T, S)`` weights of the same features under the

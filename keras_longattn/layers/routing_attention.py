@@ -11,13 +11,9 @@ from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
-from keras_longattn.kernels import backend_ops
-from keras_longattn.kernels import compiled
-from keras_longattn.kernels import flex_refusal
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
-from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import routing as routing_ops
@@ -25,9 +21,7 @@ from keras_longattn.ops import routing as routing_ops
 _CAUSAL_ROUTINGS = ("token", "balanced")
 
 # The local heads' kernel, compiled as one program on JAX.
-_local_attention = compiled(
-    ("look_back", "look_ahead", "block_size", "scale", "dropout_fn", "fused")
-)(la_ops.local_attention)
+_local_attention = routing_ops.local_heads_attention
 
 
 class _Centroids(keras.layers.Layer):
@@ -428,9 +422,16 @@ class RoutingAttention(BaseAttention):
 
     @_routed_torch.refuses
     def _routed_torch(self, context):
-        if backend_ops().routing is None:
-            return f"needs the torch backend (active: {backend_ops().name})"
-        return None
+        return la_ops.paths.refusal("routing")
+
+    @_routed_torch.reports
+    def _routed_torch(self, context):
+        # The torch kernel only serves token routing (causal calls with
+        # causal_routing="token"); balanced clusters and the local heads run
+        # the code of "routed_fused": "routed_torch:routed_fused".
+        if self.routing_heads and context.causal and self.causal_routing == "token":
+            return None
+        return "routed_fused"
 
     @implementation("routed_fused", kind="fused", dropout=False)
     def _routed_fused(self, query, key, value, context):
@@ -441,8 +442,6 @@ class RoutingAttention(BaseAttention):
     def _pallas(self, query, key, value, context):
         """Balanced clusters as dense blocks of gathered tokens (and the
         local heads' band) in the block-sparse Pallas kernel (JAX only)."""
-        pallas_layers = backend_ops().pallas
-
         T, S = context.query_length, context.key_length
         scale = self._inverse_sqrt_key_dim
         key_mask = context.padding.key_mask
@@ -456,18 +455,18 @@ class RoutingAttention(BaseAttention):
             window = routing.window
         if self.local_heads:
             look_back, look_ahead = self._local_extents(context.causal, window)
-            parts.append(pallas_layers.band_attention(
-                q_loc, k_loc, v_loc, look_back, look_ahead, key_mask=key_mask,
-                scale=scale))
+            parts.append(la_ops.paths.band_attention(
+                q_loc, k_loc, v_loc, look_back, look_ahead, path="block_sparse",
+                key_mask=key_mask, scale=scale))
         if self.routing_heads:
-            parts.append(pallas_layers.cluster_attention(
+            parts.append(la_ops.block_sparse.cluster_attention(
                 q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
                 context.causal, key_mask=key_mask, scale=scale))
         return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
 
     @_pallas.refuses
     def _pallas(self, context):
-        reason = pallas_refusal()
+        reason = la_ops.paths.refusal("block_sparse")
         if reason is not None:
             return reason
         T, S = context.query_length, context.key_length
@@ -479,9 +478,7 @@ class RoutingAttention(BaseAttention):
         if context.causal and self.causal_routing == "token":
             return "causal_routing='token' (sorted chunks) is not in the kernel"
         if self.routing_heads and self.num_clusters is not None:
-            pallas_layers = backend_ops().pallas
-
-            if self.num_clusters * pallas_layers.cluster_stride(max(T, S)) >= 2**31:
+            if self.num_clusters * la_ops.layouts.cluster_stride(max(T, S)) >= 2**31:
                 return ("num_clusters * the position stride overflows the "
                         "kernel's int32 positions")
         return None
@@ -490,8 +487,6 @@ class RoutingAttention(BaseAttention):
     def _flex(self, query, key, value, context):
         """Balanced clusters as block-diagonal documents (and the local
         heads' band) in PyTorch's FlexAttention (torch only, by name)."""
-        flex = backend_ops().flex
-
         T, S = context.query_length, context.key_length
         scale = self._inverse_sqrt_key_dim
         key_mask = context.padding.key_mask
@@ -506,12 +501,12 @@ class RoutingAttention(BaseAttention):
             window = routing.window
         if self.local_heads:
             look_back, look_ahead = self._local_extents(context.causal, window)
-            parts.append(flex.local_attention(
-                q_loc, k_loc, v_loc, la_ops.LocalPattern(look_back, look_ahead),
+            parts.append(la_ops.paths.band_attention(
+                q_loc, k_loc, v_loc, look_back, look_ahead, path="flex",
                 key_mask=key_mask, scale=scale))
         if self.routing_heads:
-            parts.append(flex.cluster_attention(
-                q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
+            parts.append(la_ops.paths.flex_attention(
+                "cluster", q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
                 causal_pattern=causal, key_mask=key_mask, scale=scale))
         return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
 
@@ -523,7 +518,7 @@ class RoutingAttention(BaseAttention):
         if context.causal and self.causal_routing == "token":
             return ("causal_routing='token' (sorted chunks) is not in the "
                     "FlexAttention path")
-        return flex_refusal(self.compute_dtype, trainable=self.trainable)
+        return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
 
     def _clustered(self, query, key, value, context, fused, torch_kernel=False):
         if not la_ops.shapes.is_static(context.query_length, context.key_length):
@@ -575,7 +570,7 @@ class RoutingAttention(BaseAttention):
                     fused=fused,
                 )
             elif torch_kernel:
-                out = backend_ops().routing.token_routing_attention(
+                out = la_ops.paths.token_routing_attention(
                     q_rt,
                     routing.keys,
                     v_rt,

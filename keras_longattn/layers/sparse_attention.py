@@ -5,12 +5,9 @@ import keras
 from keras import ops
 
 from keras_longattn._validation import positive_int as _positive_int
-from keras_longattn.kernels import backend_ops as la_backend_ops
-from keras_longattn.kernels import flex_refusal
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
-from keras_longattn.layers.dispatch import pallas_refusal
 from keras_longattn.ops import sparse as la_sparse
 
 
@@ -296,14 +293,15 @@ class SparseAttention(BaseAttention):
         padded, both parts of either pattern in one autograd function on
         views of the inputs (``kernels/torch/strided.py``,
         ``kernels/torch/fixed.py``); otherwise the fused layouts of
-        ``"blocked_fused"`` for fixed."""
+        ``"blocked_fused"`` for fixed, which ``last_implementation`` reports
+        as ``"band_kernel:blocked_fused"``."""
         T = context.query_length
         l = self.resolve_block_length(la_ops.shapes.larger(T, context.key_length))
         heads = self.num_heads
         heads_a = {"multihead": la_sparse.multihead_split(heads), "first": heads,
                    "second": 0}[self.combination]
-        unpadded = context.padding.key_mask is None and isinstance(T, int)
-        if self.pattern == "fixed" and unpadded and (context.causal or T % l == 0):
+        plan = self._band_kernel_plan(context)
+        if plan == "fixed":
             # Both parts in one kernel call each. Causal calls of another
             # length run padded to a multiple of l: keys appended after the
             # last query are seen by no real query; the extra rows are dropped.
@@ -311,14 +309,14 @@ class SparseAttention(BaseAttention):
             if N != T:
                 query, key, value = (la_ops.blocked.pad_axis(t, 1, N)
                                      for t in (query, key, value))
-            out = la_backend_ops().fixed_attention(
+            out = la_ops.paths.fixed_attention(
                 query, key, value, l, self.resolve_summary_width(l), context.causal,
                 heads_a, self._inverse_sqrt_key_dim,
             )
             return out[:, :T] if N != T else out
-        if unpadded and T % l == 0:
+        if plan == "strided":
             # Both parts in one kernel call each, on views of the inputs.
-            return la_backend_ops().strided_attention(
+            return la_ops.paths.strided_attention(
                 query, key, value, l, context.causal, heads_a,
                 self._inverse_sqrt_key_dim,
             )
@@ -330,15 +328,35 @@ class SparseAttention(BaseAttention):
             return "combination='merged' needs each part's log-sum-exp"
         if self.pattern == "strided" and self.combination == "second":
             return "combination='second' has no window part"
-        return la_backend_ops().band_attention_refusal(
-            self.compute_dtype, context.query_length, context.key_length,
+        return la_ops.paths.refusal(
+            "band_kernel", self.compute_dtype, context.query_length, context.key_length,
             self.key_dim, self.value_dim,
         )
 
     @_band_kernel.reports
     def _band_kernel(self, context):
-        # "band_kernel:flash" where the compiled kernel did not run.
-        return la_backend_ops().band_kernel_variant()
+        # "band_kernel:blocked_fused" where the fixed pattern ran the layouts
+        # of "blocked_fused" (no band kernel at all); "band_kernel:flash"
+        # where the compiled kernel did not run.
+        if self._band_kernel_plan(context) == "blocked_fused":
+            return "blocked_fused"
+        return la_ops.paths.variant("band_kernel")
+
+    def _band_kernel_plan(self, context):
+        """What ``"band_kernel"`` runs for ``context``: ``"fixed"`` or
+        ``"strided"`` (both parts in the pattern's kernel), ``"window"``
+        (strided part A on the band kernel, part B in the fused layouts) or
+        ``"blocked_fused"`` (fixed with padded keys, a length known only
+        while running, or a bidirectional length not a multiple of ``l``:
+        the layouts of ``"blocked_fused"``)."""
+        T = context.query_length
+        l = self.resolve_block_length(la_ops.shapes.larger(T, context.key_length))
+        unpadded = context.padding.key_mask is None and isinstance(T, int)
+        if self.pattern == "fixed" and unpadded and (context.causal or T % l == 0):
+            return "fixed"
+        if unpadded and T % l == 0:
+            return "strided"
+        return "window" if self.pattern == "strided" else "blocked_fused"
 
     @implementation("blocked_fused", kind="fused", dropout=False)
     def _blocked_fused(self, query, key, value, context):
@@ -354,11 +372,9 @@ class SparseAttention(BaseAttention):
     @implementation("pallas", kind="pallas", dropout=False)
     def _pallas(self, query, key, value, context):
         """Every part in the block-sparse Pallas kernel (JAX only)."""
-        pallas_layers = la_backend_ops().pallas
-
         T, S = context.query_length, context.key_length
         l = self.resolve_block_length(la_ops.shapes.larger(T, S))
-        return pallas_layers.sparse_attention(
+        return la_ops.block_sparse.sparse_attention(
             query, key, value, self.pattern, l, self.resolve_summary_width(l),
             self.combination, context.causal,
             key_mask=context.padding.key_mask,
@@ -367,7 +383,7 @@ class SparseAttention(BaseAttention):
 
     @_pallas.refuses
     def _pallas(self, context):
-        return pallas_refusal()
+        return la_ops.paths.refusal("block_sparse")
 
     @implementation("flex", kind="flex", dropout=False)
     def _flex(self, query, key, value, context):
@@ -377,8 +393,8 @@ class SparseAttention(BaseAttention):
         c = self.resolve_summary_width(l)
         first, second = la_sparse.sparse_transformer_patterns(
             self.pattern, l, c, context.causal)
-        return la_backend_ops().flex.sparse_attention(
-            query, key, value, self.pattern, l, c, self.combination, first, second,
+        return la_ops.paths.flex_attention(
+            "sparse", query, key, value, self.pattern, l, c, self.combination, first, second,
             second_only=la_ops.Difference(second, first),
             first_heads=la_sparse.multihead_split(self.num_heads),
             key_mask=context.padding.key_mask,
@@ -388,8 +404,8 @@ class SparseAttention(BaseAttention):
     @_flex.refuses
     def _flex(self, context):
         # Strided "merged" merges its parts by log-sum-exp.
-        return flex_refusal(
-            self.compute_dtype, trainable=self.trainable,
+        return la_ops.paths.refusal(
+            "flex", self.compute_dtype, trainable=self.trainable,
             needs_lse=self.pattern == "strided" and self.combination == "merged",
         )
 

@@ -23,6 +23,14 @@
   pure function);
 * :mod:`~keras_longattn.ops.chunked`: sorted-chunk attention over buckets;
 * :mod:`~keras_longattn.ops.rotary`: rotary position embeddings;
+* :mod:`~keras_longattn.ops.layouts`: block layouts of block-sparse
+  attention and the token arrangements behind them (NumPy, cached per
+  shape);
+* :mod:`~keras_longattn.ops.block_sparse`: each layer's pattern on the
+  backend's block-sparse kernel (the ``"pallas"`` paths);
+* :mod:`~keras_longattn.ops.paths`: the entry points and refusals of the
+  layers' backend paths (``path="band_kernel"``, ``"block_sparse"``,
+  ``"flex"``, ...);
 * paper modules, with only what is specific to their paper:
   :mod:`~keras_longattn.ops.sparse` (Sparse Transformer patterns) and
   :mod:`~keras_longattn.ops.routing` (balanced cluster attention),
@@ -35,7 +43,10 @@
   :mod:`~keras_longattn.ops.lsh` (angular LSH, the combination of hashing
   rounds).
 
-Backend-specific code lives in :mod:`keras_longattn.kernels`, never here.
+Backend-specific code lives in :mod:`keras_longattn.kernels`, never here:
+ops reach it through the backend table
+(:func:`keras_longattn.kernels.backend_ops`), and the kernels import
+nothing from ops.
 
 Shape legend used throughout: B batch, T query length, S key length,
 H heads, d head size.
@@ -114,3 +125,6 @@ from keras_longattn.ops.sparse import sparse_transformer_patterns
 from keras_longattn.ops.subset import key_subset_attention
 from keras_longattn.ops.longformer import longformer_attention
 from keras_longattn.ops.longformer import longformer_head_patterns
+from keras_longattn.ops import layouts
+from keras_longattn.ops import block_sparse
+from keras_longattn.ops import paths

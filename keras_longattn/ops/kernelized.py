@@ -32,8 +32,10 @@ per head, dv value head size, C chunk size, N chunks.
 
 from keras import ops
 
-from keras_longattn._validation import positive_finite_float
-from keras_longattn._validation import positive_int
+from keras_longattn.kernels.constants import DEFAULT_CHUNK_SIZE
+from keras_longattn.kernels.constants import DEFAULT_EPSILON
+from keras_longattn.kernels.constants import check_chunk_size
+from keras_longattn.kernels.constants import check_epsilon
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.segments import dims
 from keras_longattn.ops.shapes import ceil_div
@@ -43,26 +45,6 @@ from keras_longattn.ops.shapes import length
 
 #: Feature maps understood by :func:`feature_map`.
 FEATURE_MAPS = ("relu", "elu+1")
-
-#: Smallest normaliser a query is divided by (see the module docstring).
-DEFAULT_EPSILON = 1e-6
-
-#: Positions per chunk of :func:`causal_kernel_attention` (about
-#: ``sqrt(F * dv)`` for heads of 64 balances its two terms of memory).
-DEFAULT_CHUNK_SIZE = 64
-
-
-def check_chunk_size(chunk_size):
-    """``chunk_size`` as an int >= 1, else a ValueError naming it."""
-    return positive_int("chunk_size", chunk_size)
-
-
-def check_epsilon(epsilon):
-    """``epsilon`` as a finite float > 0, else a ValueError naming it (an
-    infinite ``epsilon`` would divide every output to zero, a NaN would
-    make every output NaN)."""
-    return positive_finite_float("epsilon", epsilon)
-
 
 def check_feature_map(name):
     """``name`` if it is one of :data:`FEATURE_MAPS`, else a ValueError

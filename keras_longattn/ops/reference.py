@@ -9,9 +9,7 @@ head size, dv value head size.
 
 from keras import ops
 
-#: Logit given to masked entries before the softmax. Finite, so that a row
-#: with no visible key stays finite; such rows are zeroed afterwards.
-MASKED_LOGIT = -1e30
+from keras_longattn.kernels.constants import MASKED_LOGIT
 
 
 def masked_softmax(scores, mask=None, axis=-1):

@@ -27,6 +27,7 @@ from keras import ops
 
 from keras_longattn.kernels import compiled
 from keras_longattn.ops.blocked import block_attention
+from keras_longattn.ops.blocked import local_attention
 from keras_longattn.ops.chunked import sorted_chunk_mask
 from keras_longattn.ops.patterns import LocalPattern
 from keras_longattn.ops.patterns import combine_dense_masks
@@ -248,3 +249,11 @@ def routing_reference_weights(
         )
         weights.append(ops.cast(masked_softmax(scores, mask), "float32"))
     return weights[0] if len(weights) == 1 else ops.concatenate(weights, axis=1)
+
+
+#: :func:`keras_longattn.ops.local_attention` of a routing layer's local
+#: heads, compiled as one program on JAX (static: the extents, the block
+#: size, the scale, the dropout function and ``fused``).
+local_heads_attention = compiled(
+    ("look_back", "look_ahead", "block_size", "scale", "dropout_fn", "fused")
+)(local_attention)

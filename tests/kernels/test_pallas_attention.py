@@ -15,6 +15,8 @@ from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
+from keras_longattn.ops import block_sparse as la_block_sparse
+from keras_longattn.ops import layouts as la_layouts
 from keras_longattn.ops import patterns as la_patterns
 from keras_longattn.ops import sparse as la_sparse
 from keras_longattn.testing import rel_error
@@ -27,9 +29,8 @@ TOL = 1e-5
 
 def _modules():
     from keras_longattn.kernels.jax import pallas_attention
-    from keras_longattn.kernels.jax import pallas_layers
 
-    return pallas_attention, pallas_layers
+    return pallas_attention, la_block_sparse
 
 
 def _dense(q, k, v, mask, scale):
@@ -117,7 +118,7 @@ def test_layouts_cover_every_allowed_pair():
             out[i // b, j // b] = True
         return out
 
-    band = pa.band_layout(n, n, b, b, 5, 2).block_mask()[0]
+    band = la_layouts.band_layout(n, n, b, b, 5, 2).block_mask()[0]
     want = needed(range(n), range(n), lambda i, j: (j - i >= -5) & (j - i <= 2))
     np.testing.assert_array_equal(band, want)
     l, c = 5, 2
@@ -127,7 +128,7 @@ def test_layouts_cover_every_allowed_pair():
         "summary": lambda i, j: (j % l >= l - c) & (j <= i),
     }
     for kind, allowed in cases.items():
-        q_order, k_order, layout = pl_layers.arrangement(kind, n, n, l, c, True, b)
+        q_order, k_order, layout = la_layouts.arrangement(kind, n, n, l, c, True, b)
         q_pos = np.arange(n) if q_order is None else q_order
         want = needed(q_pos, k_order, allowed)
         got = layout.block_mask()[0]
@@ -152,7 +153,7 @@ def test_kernel_causal_band_with_padding_and_empty_rows():
     valid = np.ones((B, n), bool)
     valid[0, :12] = False
     valid[1, :] = False
-    layout = pa.band_layout(n, n, 16, 16, look_back, 0)
+    layout = la_layouts.band_layout(n, n, 16, 16, look_back, 0)
     mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
     scale = 0.3
 
@@ -179,7 +180,7 @@ def test_kernel_bidirectional_cross_attention_unequal_blocks():
     q, k, v = _random_qkv(B, T, S, H, 8, 12, 1)
     pattern = la_patterns.LocalPattern(10, 6)
     q_pos = np.arange(20, 20 + T, dtype=np.int32)
-    layout = pa.band_layout(T, S, 16, 32, 10, 6, q_start=20)
+    layout = la_layouts.band_layout(T, S, 16, 32, 10, 6, q_start=20)
     mask = np.asarray(pattern.allowed(q_pos[:, None], np.arange(S)[None, :]))[None, None]
     scale = 1 / np.sqrt(8)
 
@@ -202,12 +203,12 @@ def test_kernel_on_reordered_tokens_keeps_positions():
     pattern = la_sparse.StridedPattern(l) & la_patterns.CausalPattern()
     valid = np.ones((B, n), bool)
     valid[1, 31:] = False
-    arranged = pl_layers.arrangement("columns", n, n, l, None, True, 16)
+    arranged = la_layouts.arrangement("columns", n, n, l, None, True, 16)
     mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
     scale = 1 / np.sqrt(8)
 
     def kernel(q, k, v):
-        return pl_layers.arranged_attention(q, k, v, arranged, pattern,
+        return la_block_sparse.arranged_attention(q, k, v, arranged, pattern,
                                             key_mask=jnp.asarray(valid), scale=scale)
 
     _compare(kernel, q, k, v, mask, scale)
@@ -230,7 +231,7 @@ def test_kernel_per_example_layout_from_the_graph():
     B, n, H, b = 2, 64, 2, 16
     q, k, v = _random_qkv(B, n, n, H, 8, 8, 3)
     blocks = _example_block_masks(n // b, n // b, B, 3)
-    layout = pa.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
+    layout = la_layouts.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
     np.testing.assert_array_equal(layout.block_mask(), blocks)
     mask = np.repeat(np.repeat(blocks, b, axis=1), b, axis=2)[:, None]
     scale = 1 / np.sqrt(8)
@@ -257,7 +258,7 @@ def test_planted_bug_dropped_key_block_is_caught():
     causal = la_patterns.CausalPattern()
 
     def run(block_mask):
-        layout = pa.BlockLayout.from_block_mask(jnp.asarray(block_mask), b, b)
+        layout = la_layouts.BlockLayout.from_block_mask(jnp.asarray(block_mask), b, b)
         return np.asarray(pa.block_sparse_attention(q, k, v, layout, predicate=causal)[0])
 
     want = np.asarray(_dense(q, k, v, mask, 1 / np.sqrt(8))[0])
@@ -291,7 +292,7 @@ def test_kernel_split_tiles_equal_dense(splits):
     valid = np.ones((B, n), bool)
     valid[0, :5] = False
     mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
-    layout = pa.band_layout(n, n, b, b, 11, 0)
+    layout = la_layouts.band_layout(n, n, b, b, 11, 0)
 
     def band(q, k, v):
         return pa.block_sparse_attention(q, k, v, layout, predicate=pattern,
@@ -299,7 +300,7 @@ def test_kernel_split_tiles_equal_dense(splits):
 
     _compare(band, q, k, v, mask, 1 / np.sqrt(8))
     blocks = _example_block_masks(n // b, n // b, B, 8)
-    per_example = pa.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
+    per_example = la_layouts.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
     dense = np.repeat(np.repeat(blocks, b, axis=1), b, axis=2)[:, None]
 
     def graph_layout(q, k, v):
@@ -316,7 +317,7 @@ def test_tiling_arguments_are_checked():
     with pytest.raises(ValueError, match="num_warps"):
         pa.Tiling(num_warps=2.5)
     q, k, v = _random_qkv(1, 32, 32, 1, 8, 8, 9)
-    layout = pa.band_layout(32, 32, 16, 16, 4, 4)
+    layout = la_layouts.band_layout(32, 32, 16, 16, 4, 4)
     with pytest.raises(ValueError, match="k_split"):
         pa.block_sparse_attention(q, k, v, layout, tiling=pa.Tiling(k_split=3))
     with pytest.raises(ValueError, match="tiling"):
@@ -327,7 +328,7 @@ def test_tiling_arguments_are_checked():
 def test_layout_must_cover_the_sequence():
     pa, _ = _modules()
     q, k, v = _random_qkv(1, 40, 40, 1, 8, 8, 5)
-    layout = pa.band_layout(32, 40, 16, 16, 4, 4)
+    layout = la_layouts.band_layout(32, 40, 16, 16, 4, 4)
     with pytest.raises(ValueError, match="layout"):
         pa.block_sparse_attention(q, k, v, layout)
 

@@ -25,6 +25,8 @@ from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LongformerAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
+from keras_longattn.ops import block_sparse as la_block_sparse
+from keras_longattn.ops import layouts as la_layouts
 from keras_longattn.ops import patterns as la_patterns
 from keras_longattn.ops import sparse as la_sparse
 from keras_longattn.testing import rel_error
@@ -121,7 +123,7 @@ def test_causal_band_with_padding_and_empty_rows():
     valid = np.ones((B, n), bool)
     valid[0, :12] = False
     valid[1, :] = False
-    layout = pa.band_layout(n, n, 16, 16, 9, 0)
+    layout = la_layouts.band_layout(n, n, 16, 16, 9, 0)
     mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
 
     def make(variant):
@@ -149,7 +151,7 @@ def test_cross_attention_unequal_blocks_shifted_positions():
     q, k, v = base._random_qkv(B, T, S, H, 8, 12, 1)
     pattern = la_patterns.LocalPattern(10, 6)
     q_pos = np.arange(20, 20 + T, dtype=np.int32)
-    layout = pa.band_layout(T, S, 16, 32, 10, 6, q_start=20)
+    layout = la_layouts.band_layout(T, S, 16, 32, 10, 6, q_start=20)
     mask = np.asarray(pattern.allowed(q_pos[:, None], np.arange(S)[None, :]))[None, None]
 
     def make(variant):
@@ -170,7 +172,7 @@ def test_per_example_layout_from_the_graph():
     B, n, H, b = 2, 64, 2, 16
     q, k, v = base._random_qkv(B, n, n, H, 8, 8, 3)
     blocks = base._example_block_masks(n // b, n // b, B, 3)
-    layout = pa.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
+    layout = la_layouts.BlockLayout.from_block_mask(jnp.asarray(blocks), b, b)
     mask = np.repeat(np.repeat(blocks, b, axis=1), b, axis=2)[:, None]
 
     def make(variant):
@@ -189,19 +191,18 @@ def test_reordered_tokens_keep_positions():
     import jax.numpy as jnp
 
     pa = _pa()
-    from keras_longattn.kernels.jax import pallas_layers
 
     B, n, H, l = 2, 50, 1, 6
     q, k, v = base._random_qkv(B, n, n, H, 8, 8, 2)
     pattern = la_sparse.StridedPattern(l) & la_patterns.CausalPattern()
     valid = np.ones((B, n), bool)
     valid[1, 31:] = False
-    arranged = pallas_layers.arrangement("columns", n, n, l, None, True, 16)
+    arranged = la_layouts.arrangement("columns", n, n, l, None, True, 16)
     mask = np.asarray(pattern.dense_mask(n, n))[None, None] & valid[:, None, None, :]
 
     def make(variant):
         def kernel(q, k, v):
-            return pallas_layers.arranged_attention(q, k, v, arranged, pattern,
+            return la_block_sparse.arranged_attention(q, k, v, arranged, pattern,
                                                     key_mask=jnp.asarray(valid))
 
         if variant == "slice":
@@ -219,7 +220,7 @@ def test_reordered_tokens_keep_positions():
 def test_variant_argument_is_checked():
     pa = _pa()
     q, k, v = base._random_qkv(1, 32, 32, 1, 8, 8, 9)
-    layout = pa.band_layout(32, 32, 16, 16, 4, 4)
+    layout = la_layouts.band_layout(32, 32, 16, 16, 4, 4)
     with pytest.raises(ValueError, match="variant"):
         pa.block_sparse_attention(q, k, v, layout, variant="tpu")
 
@@ -233,7 +234,7 @@ def _band_loss():
 
     pa = _pa()
     pattern = la_patterns.LocalPattern(2 * BLOCK - 1, 0)
-    layout = pa.band_layout(N, N, BLOCK, BLOCK, 2 * BLOCK - 1, 0)
+    layout = la_layouts.band_layout(N, N, BLOCK, BLOCK, 2 * BLOCK - 1, 0)
 
     def loss(q, k, v):
         out, lse = pa.block_sparse_attention(q, k, v, layout, predicate=pattern)

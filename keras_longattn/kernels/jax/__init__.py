@@ -9,12 +9,20 @@ from keras_longattn.kernels import BackendOps
 class JaxOps(BackendOps):
     name = "jax"
 
-    @property
-    def pallas(self):
-        # The "pallas" implementations of the layers (kernels/jax/pallas_layers.py).
-        from keras_longattn.kernels.jax import pallas_layers
+    def block_sparse_refusal(self):
+        return None
 
-        return pallas_layers
+    def block_sparse_attention(self, query, key, value, rows, cols, block_q, block_k, *,
+                               predicate=None, q_pos=None, k_pos=None, k_valid=None,
+                               scale=None):
+        # The Pallas kernel (kernels/jax/pallas_attention.py), imported on
+        # first use.
+        from keras_longattn.kernels.jax import pallas_attention
+
+        layout = pallas_attention.Layout(rows, cols, int(block_q), int(block_k))
+        return pallas_attention.block_sparse_attention(
+            query, key, value, layout, predicate=predicate, q_pos=q_pos, k_pos=k_pos,
+            k_valid=k_valid, scale=scale)
 
     @property
     def auto_preference(self):

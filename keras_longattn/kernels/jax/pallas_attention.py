@@ -40,10 +40,10 @@ import contextlib
 import dataclasses
 import functools
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -53,15 +53,17 @@ MASKED_LOGIT = -1e30
 
 
 # ----------------------------------------------------------------- layouts
-@dataclasses.dataclass(frozen=True, eq=False)
-class BlockLayout:
-    """Which key blocks each query block visits, and the transpose.
+class Layout(typing.NamedTuple):
+    """A block layout as the kernels take it (built by
+    :mod:`keras_longattn.ops.layouts`, whose ``BlockLayout`` has the same
+    four fields).
 
     Attributes:
         rows: int32 ``(L, nq, M)``: row ``i`` of batch entry ``e`` is
             ``[count, kb_0, kb_1, ...]``, the number of key blocks query
-            block ``i`` visits, then their indices (increasing; the tail is
-            padding). ``L`` is 1 (one layout for the batch) or B.
+            block ``i`` visits, then their indices (increasing; the tail
+            repeats the last one). ``L`` is 1 (one layout for the batch)
+            or B.
         cols: int32 ``(L, nk, M')``: the same for each key block and the
             query blocks that visit it (for the ``dk``/``dv`` pass).
         block_q: query block size.
@@ -72,173 +74,6 @@ class BlockLayout:
     cols: object
     block_q: int
     block_k: int
-
-    @property
-    def num_query_blocks(self):
-        return int(self.rows.shape[1])
-
-    @property
-    def num_key_blocks(self):
-        return int(self.cols.shape[1])
-
-    @classmethod
-    def from_pairs(cls, q_blocks, k_blocks, num_q_blocks, num_k_blocks, block_q,
-                   block_k):
-        """A static layout from NumPy arrays of visited ``(query block, key
-        block)`` pairs (duplicates allowed)."""
-        q_blocks = np.asarray(q_blocks, np.int64).reshape(-1)
-        k_blocks = np.asarray(k_blocks, np.int64).reshape(-1)
-        nq, nk = int(num_q_blocks), int(num_k_blocks)
-        flat = np.unique(q_blocks * nk + k_blocks)
-        qb, kb = flat // nk, flat % nk
-        rows = _table_from_sorted_pairs(qb, kb, nq)
-        order = np.lexsort((qb, kb))
-        cols = _table_from_sorted_pairs(kb[order], qb[order], nk)
-        return cls(rows[None], cols[None], int(block_q), int(block_k))
-
-    @classmethod
-    def from_block_mask(cls, mask, block_q, block_k):
-        """A layout from a boolean block mask ``(nq, nk)`` or ``(L, nq, nk)``
-        (NumPy: a static layout; a JAX array: computed in the graph, e.g.
-        per example). Block-level only: ``nq * nk`` entries, never tokens."""
-        if isinstance(mask, np.ndarray):
-            mask = mask if mask.ndim == 3 else mask[None]
-            pairs = [np.nonzero(m) for m in mask]
-            if len(pairs) == 1:
-                return cls.from_pairs(*pairs[0], mask.shape[1], mask.shape[2],
-                                      block_q, block_k)
-        mask = jnp.asarray(mask, bool)
-        if mask.ndim == 2:
-            mask = mask[None]
-        rows = _table_from_mask(mask)
-        cols = _table_from_mask(jnp.swapaxes(mask, 1, 2))
-        return cls(rows, cols, int(block_q), int(block_k))
-
-    def block_mask(self):
-        """The layout as a NumPy boolean ``(L, nq, nk)`` (for tests)."""
-        rows = np.asarray(self.rows)
-        out = np.zeros((rows.shape[0], rows.shape[1], self.num_key_blocks), bool)
-        for e in range(rows.shape[0]):
-            for i in range(rows.shape[1]):
-                count = rows[e, i, 0]
-                out[e, i, rows[e, i, 1:1 + count]] = True
-        return out
-
-
-def _row_width(max_count):
-    """Width of a layout row: count + entries, a power of two."""
-    return int(pl.next_power_of_2(int(max_count) + 1))
-
-
-def _table_from_sorted_pairs(major, minor, n_major):
-    """``(n_major, M)`` rows ``[count, minor...]`` from pairs sorted by
-    ``(major, minor)``."""
-    counts = np.bincount(major, minlength=n_major).astype(np.int64)
-    width = _row_width(counts.max() if counts.size else 0)
-    table = np.zeros((n_major, width), np.int32)
-    table[:, 0] = counts
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    slot = np.arange(major.size) - np.repeat(starts, counts)
-    table[major, 1 + slot] = minor
-    # Padding repeats the last visited block (no extra block fetch where a
-    # pipeline prefetches the next entry).
-    for i in np.flatnonzero(counts):
-        table[i, 1 + counts[i]:] = table[i, counts[i]]
-    return table
-
-
-def _table_from_mask(mask):
-    """``(L, n, M)`` rows from a traced boolean ``(L, n, m)`` mask."""
-    m = mask.shape[2]
-    counts = jnp.sum(mask, axis=2, dtype=jnp.int32)
-    # Stable sort puts the visited indices first, in increasing order.
-    order = jnp.argsort(jnp.logical_not(mask), axis=2, stable=True).astype(jnp.int32)
-    width = _row_width(m)
-    pad = width - 1 - m
-    last = jnp.take_along_axis(order, jnp.maximum(counts - 1, 0)[..., None], axis=2)
-    slots = jnp.arange(m, dtype=jnp.int32)
-    order = jnp.where(slots < counts[..., None], order, last)
-    if pad:
-        order = jnp.concatenate([order, jnp.broadcast_to(last, order.shape[:2] + (pad,))], axis=2)
-    return jnp.concatenate([counts[..., None], order], axis=2)
-
-
-def segment_pairs(q_group, q_pos, k_group, k_pos, block_q, block_k, look_back=None,
-                  look_ahead=None):
-    """The visited ``(query block, key block)`` pairs of a static
-    arrangement of tokens, as NumPy arrays.
-
-    Each token of the (arranged, padded) query and key sequences has a
-    group id (``-1``: padding, never visited) and a position. Query block
-    ``i`` visits key block ``j`` when they hold tokens of a common group
-    whose positions can be within ``look_back`` before / ``look_ahead``
-    after each other (None: unbounded). Within a group, positions must
-    increase along the arrangement. The result is a superset of the block
-    pairs that hold an allowed pair of any predicate that only allows
-    pairs of one group within those extents: the kernel's predicate is
-    exact, so a superset costs time, never correctness.
-    """
-    qs = _segments(np.asarray(q_group), np.asarray(q_pos), block_q)
-    ks = _segments(np.asarray(k_group), np.asarray(k_pos), block_k)
-    if qs[0].size == 0 or ks[0].size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    q_blk, q_grp, q_min, q_max = qs
-    k_blk, k_grp, k_min, k_max = ks
-    order = np.lexsort((k_min, k_grp))
-    k_blk, k_grp, k_min, k_max = (a[order] for a in (k_blk, k_grp, k_min, k_max))
-    if np.any(np.diff(k_max)[np.diff(k_grp) == 0] < 0):
-        raise ValueError("positions must increase within each group of the arrangement")
-    span = 1 << 40
-    off = 1 << 39
-
-    def key(group, pos):
-        return group.astype(np.int64) * span + np.clip(pos.astype(np.int64) + off, 0, span - 1)
-
-    low = q_min - (off if look_back is None else int(look_back))
-    high = q_max + (off if look_ahead is None else int(look_ahead))
-    lo = np.searchsorted(key(k_grp, k_max), key(q_grp, low), side="left")
-    hi = np.searchsorted(key(k_grp, k_min), key(q_grp, high), side="right")
-    counts = np.maximum(hi - lo, 0)
-    q_out = np.repeat(q_blk, counts)
-    idx = np.repeat(lo - np.cumsum(np.concatenate([[0], counts[:-1]])), counts)
-    idx = idx + np.arange(counts.sum())
-    return q_out, k_blk[idx]
-
-
-def _segments(group, pos, block):
-    """Runs of one group inside one block: ``(block, group, min, max)``."""
-    n = group.size
-    blk = np.arange(n) // block
-    change = np.ones(n, bool)
-    change[1:] = (blk[1:] != blk[:-1]) | (group[1:] != group[:-1])
-    starts = np.flatnonzero(change)
-    if starts.size == 0:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty, empty
-    seg_min = np.minimum.reduceat(pos, starts)
-    seg_max = np.maximum.reduceat(pos, starts)
-    keep = group[starts] >= 0
-    return blk[starts][keep], group[starts][keep], seg_min[keep], seg_max[keep]
-
-
-def band_layout(query_length, key_length, block_q, block_k, look_back=None,
-                look_ahead=None, q_start=0, k_start=0):
-    """The static layout of a band ``k_pos - q_pos in [-look_back,
-    look_ahead]`` on positions in order (None: unbounded on that side)."""
-    nq, nk = -(-int(query_length) // block_q), -(-int(key_length) // block_k)
-    q_grp = _padded(np.zeros(query_length, np.int64), nq * block_q)
-    k_grp = _padded(np.zeros(key_length, np.int64), nk * block_k)
-    q_pos = np.arange(nq * block_q) + q_start
-    k_pos = np.arange(nk * block_k) + k_start
-    pairs = segment_pairs(q_grp, q_pos, k_grp, k_pos, block_q, block_k, look_back,
-                          look_ahead)
-    return BlockLayout.from_pairs(*pairs, nq, nk, block_q, block_k)
-
-
-def _padded(group, total):
-    out = np.full(total, -1, np.int64)
-    out[: group.size] = group
-    return out
 
 
 # ------------------------------------------------------------- the kernel
@@ -714,8 +549,11 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
         query: ``(B, T, H, d)``.
         key: ``(B, S, H, d)``.
         value: ``(B, S, H, dv)``.
-        layout: a :class:`BlockLayout` with ``ceil(T / block_q)`` query
-            blocks and ``ceil(S / block_k)`` key blocks.
+        layout: the block layout, with ``rows``, ``cols``, ``block_q`` and
+            ``block_k`` (a :class:`Layout`, or any object with those
+            fields, e.g. :class:`keras_longattn.ops.layouts.BlockLayout`):
+            ``ceil(T / block_q)`` query blocks and ``ceil(S / block_k)``
+            key blocks.
         predicate: None (every key of a visited block), or an object with
             ``allowed(q_pos, k_pos)`` (an
             :class:`keras_longattn.ops.AttentionPattern`), evaluated inside
@@ -754,8 +592,8 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
             f"`variant` must be None, 'slice' or 'prefetch'. Received: variant={variant!r}")
     B, T, H, d = query.shape
     S, dv = key.shape[1], value.shape[3]
-    bq, bk = layout.block_q, layout.block_k
-    nq, nk = layout.num_query_blocks, layout.num_key_blocks
+    bq, bk = int(layout.block_q), int(layout.block_k)
+    nq, nk = int(layout.rows.shape[1]), int(layout.cols.shape[1])
     if nq != -(-T // bq) or nk != -(-S // bk):
         raise ValueError(
             f"`layout` has {nq} query blocks of {bq} and {nk} key blocks of {bk}, "

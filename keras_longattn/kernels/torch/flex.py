@@ -22,7 +22,7 @@ Tokens keep their original positions when an arrangement reorders them
 (the columns of a stride, the residues of a dilation, the summary keys, a
 cluster's members), so the predicate means exactly what it means in the
 dense reference. Arrangements, as in the Pallas paths
-(``kernels/jax/pallas_layers.py``):
+(``keras_longattn/ops/block_sparse.py``):
 
 * band (local attention, strided A, fixed A): tokens in order;
 * columns (strided B, a Longformer dilation ``r``): tokens sorted by

@@ -34,10 +34,10 @@ D value head size, C chunk size, N chunks, G = B * H * N.
 import torch
 import torch.nn.functional as nnf
 
-from keras_longattn.ops.kernelized import DEFAULT_CHUNK_SIZE
-from keras_longattn.ops.kernelized import DEFAULT_EPSILON
-from keras_longattn.ops.kernelized import check_chunk_size
-from keras_longattn.ops.kernelized import check_epsilon
+from keras_longattn.kernels.constants import DEFAULT_CHUNK_SIZE
+from keras_longattn.kernels.constants import DEFAULT_EPSILON
+from keras_longattn.kernels.constants import check_chunk_size
+from keras_longattn.kernels.constants import check_epsilon
 
 
 def _to_chunks(x, padded, chunk, head_major=False):

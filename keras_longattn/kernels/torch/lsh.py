@@ -59,7 +59,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from keras_longattn.ops.reference import MASKED_LOGIT
+from keras_longattn.kernels.constants import MASKED_LOGIT
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
