@@ -1,43 +1,78 @@
 """Which accelerator paths a device run has proven, per device kind.
 
 ``implementation="auto"`` tries an accelerator kind of path (``"pallas"``
-on JAX, ``"flex"`` on torch) only on a device kind listed here for that
-kind; elsewhere it keeps the portable paths, and the accelerator path runs
-only when named (``implementation="pallas"``). An entry is added from a
-run of ``scripts/device_check.sh`` on that device in which every layer's
-path equalled the reference path, values and gradients, in float32 and
-bfloat16 (the ``correct`` stage), and is dated with the commit it ran on.
+on JAX, ``"flex"`` on torch) only on a device kind for which ``proven.json``
+(beside this module) holds an entry for that kind whose sources are today's;
+elsewhere it keeps the portable paths, and the accelerator path runs only
+when named (``implementation="pallas"``). An entry is added from a run of
+``scripts/device_check.sh`` on that device in which every case of the path
+equalled the reference path, values and gradients, in float32 and
+bfloat16 (the ``correct`` stage). It records the package source files the
+check imported and one sha256 over their contents: where any of them has
+changed since, the proof is stale, ``"auto"`` does not rely on it (and
+warns once) until the check is run again.
 
 ``KERAS_LONGATTN_TRUSTED_PATHS`` (a comma-separated list of kinds, e.g.
 ``pallas,flex``) lets ``"auto"`` try those kinds on any accelerator, for
-devices nobody has checked yet.
+devices nobody has checked yet or proofs gone stale.
 """
 
+import functools
+import hashlib
+import json
 import os
+import warnings
+from pathlib import Path
+
+#: Environment variable listing kinds ``"auto"`` may try on any accelerator.
+TRUST_VARIABLE = "KERAS_LONGATTN_TRUSTED_PATHS"
+#: The entries, one per (backend, device kind, path kind).
+SOURCE = Path(__file__).with_name("proven.json")
+#: The folder holding the package (source paths are relative to it).
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    table = {}
+    if SOURCE.is_file():
+        for entry in json.loads(SOURCE.read_text(encoding="utf-8")):
+            table.setdefault((entry["backend"], entry["device"]), {})[entry["kind"]] = entry
+    return table
+
 
 #: ``{(backend, device kind): {path kind: evidence}}``. The device kind is
 #: the device's own name (JAX's ``device_kind``, torch's
 #: ``torch.cuda.get_device_name()``).
-PROVEN = {
-    ("jax", "NVIDIA H200"): {
-        "pallas": {
-            "date": "2026-11-26",
-            "device": "NVIDIA H200 (jax 0.11.2, jaxlib 0.11.2, triton 3.6.0)",
-            "check": "scripts/device_check.py correct: the 11 cases of layer_cases() "
-                     "(Local, Sparse strided/fixed, BigBird, Longformer with dilation and "
-                     "global tokens, Routing), float32 and bfloat16, outputs and input "
-                     "gradients against the reference path",
-            "commits": ("6dc464fb4d7b37ea40c3b12dd10a9a22260f08c3",
-                        "9f81bbd396fcead69860e32df56c9ebeb1718c6d"),
-            "results": "docs/benchmarks/gpu_results.json",
-        },
-    },
-    # torch "flex" on the H200: 10 of the 11 cases passed; Longformer's was
-    # cut off by the check's time limit, so "auto" does not try it yet.
-}
+PROVEN = _load()
 
-#: Environment variable listing kinds ``"auto"`` may try on any accelerator.
-TRUST_VARIABLE = "KERAS_LONGATTN_TRUSTED_PATHS"
+_WARNED = set()
+
+
+def sources_digest(paths, root=PACKAGE_PARENT):
+    """One sha256 over the contents of ``paths`` (relative to ``root``), as
+    :func:`keras_longattn.reproductions.provenance.combined_hash` forms it
+    from the files' own digests ("missing" for a file that is gone)."""
+    digest = hashlib.sha256()
+    for name in sorted(paths):
+        path = Path(root) / name
+        file_digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() \
+            else "missing"
+        digest.update(f"{name}\0{file_digest}\n".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _current(paths, sha256):
+    return sources_digest(paths) == sha256
+
+
+def is_current(evidence):
+    """Whether the sources a proof ran on are the package's sources now."""
+    sources = evidence.get("sources") or {}
+    paths, sha256 = sources.get("paths"), sources.get("sha256")
+    if not paths or not sha256:
+        return False
+    return _current(tuple(paths), sha256)
 
 
 def active_device_kind(backend):
@@ -60,10 +95,24 @@ def active_device_kind(backend):
 
 def trusted_kinds(backend, device_kind):
     """The path kinds ``"auto"`` may try on ``device_kind`` (a set; empty
-    on a CPU, ``device_kind`` None)."""
+    on a CPU, ``device_kind`` None): those with a current proof, and those
+    the trust variable names."""
     if device_kind is None:
         return frozenset()
-    kinds = set(PROVEN.get((backend, device_kind), {}))
+    kinds = set()
+    for kind, evidence in PROVEN.get((backend, device_kind), {}).items():
+        if is_current(evidence):
+            kinds.add(kind)
+        elif (backend, device_kind, kind) not in _WARNED:
+            _WARNED.add((backend, device_kind, kind))
+            warnings.warn(
+                f"The device check that proved {kind!r} on {device_kind} ran on package "
+                f"sources that have changed since (commits {evidence.get('commits')}); "
+                f"implementation='auto' does not try {kind!r} until "
+                "scripts/device_check.sh runs again on this device. Name the path, or set "
+                f"{TRUST_VARIABLE}={kind}, to use it meanwhile.",
+                stacklevel=2,
+            )
     extra = os.environ.get(TRUST_VARIABLE, "")
     kinds.update(k.strip() for k in extra.split(",") if k.strip())
     return frozenset(kinds)

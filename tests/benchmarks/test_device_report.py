@@ -90,6 +90,7 @@ def test_proven_entries_are_backed_by_the_committed_check():
 
     results = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "gpu_results.json"
     summary = json.loads(results.read_text())
+    assert proven.PROVEN, "the table is loaded from proven.json"
     for (backend, device), kinds in proven.PROVEN.items():
         assert summary["device"] == device
         cases = [c for c in summary["correctness"] if c["backend"] == backend]

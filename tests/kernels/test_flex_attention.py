@@ -495,8 +495,9 @@ def test_auto_tries_flex_only_where_a_device_proved_it(monkeypatch):
     monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
     monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
     assert "flex" not in layer.auto_order()
-    monkeypatch.setitem(proven.PROVEN, ("torch", "Test GPU 9000"),
-                        {"flex": {"date": "2026-11-26", "check": "test"}})
+    paths = ["keras_longattn/kernels/torch/flex.py"]
+    monkeypatch.setitem(proven.PROVEN, ("torch", "Test GPU 9000"), {"flex": {
+        "sources": {"paths": paths, "sha256": proven.sources_digest(paths)}}})
     assert layer.auto_order()[0] == "flex"
     monkeypatch.delitem(proven.PROVEN, ("torch", "Test GPU 9000"))
     monkeypatch.setenv(proven.TRUST_VARIABLE, "flex")

@@ -421,9 +421,17 @@ def test_auto_tries_pallas_only_where_a_device_proved_it(monkeypatch):
     monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
     monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
     assert "pallas" not in layer.auto_order()
+    paths = ["keras_longattn/ops/layouts.py", "keras_longattn/kernels/jax/pallas_attention.py"]
+    current = {"paths": paths, "sha256": proven.sources_digest(paths)}
     monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"),
-                        {"pallas": {"date": "2026-11-26", "check": "test"}})
+                        {"pallas": {"date": "2026-11-26", "sources": current}})
     assert layer.auto_order()[0] == "pallas"
+    # A proof whose sources changed since is not relied on (and says so).
+    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"),
+                        {"pallas": {"sources": dict(current, sha256="0" * 64)}})
+    with pytest.warns(UserWarning, match="changed since"):
+        assert "pallas" not in layer.auto_order()
+    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"), {"pallas": {"sources": current}})
     assert layer.select_implementation(use_causal_mask=True) == "pallas"
     monkeypatch.delitem(proven.PROVEN, ("jax", "Test GPU 9000"))
     monkeypatch.setenv(proven.TRUST_VARIABLE, "pallas")
