@@ -438,10 +438,11 @@ class RoutingAttention(BaseAttention):
         """The same blocks through ``keras.ops.dot_product_attention``."""
         return self._clustered(query, key, value, context, fused=True)
 
-    @implementation("pallas", kind="pallas", dropout=False)
-    def _pallas(self, query, key, value, context):
-        """Balanced clusters as dense blocks of gathered tokens (and the
-        local heads' band) in the block-sparse Pallas kernel (JAX only)."""
+    def _band_and_clusters(self, query, key, value, context, path, clusters):
+        """The local heads' band (``la_ops.paths.band_attention`` on
+        ``path``) beside the routing heads' balanced clusters
+        (``clusters(q, routing, value, key_mask, scale)``): the two kernel
+        paths' shared frame."""
         T, S = context.query_length, context.key_length
         scale = self._inverse_sqrt_key_dim
         key_mask = context.padding.key_mask
@@ -456,13 +457,23 @@ class RoutingAttention(BaseAttention):
         if self.local_heads:
             look_back, look_ahead = self._local_extents(context.causal, window)
             parts.append(la_ops.paths.band_attention(
-                q_loc, k_loc, v_loc, look_back, look_ahead, path="block_sparse",
+                q_loc, k_loc, v_loc, look_back, look_ahead, path=path,
                 key_mask=key_mask, scale=scale))
         if self.routing_heads:
-            parts.append(la_ops.block_sparse.cluster_attention(
-                q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
-                context.causal, key_mask=key_mask, scale=scale))
+            parts.append(clusters(q_rt, routing, v_rt, key_mask, scale))
         return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+    @implementation("pallas", kind="pallas", dropout=False)
+    def _pallas(self, query, key, value, context):
+        """Balanced clusters as dense blocks of gathered tokens (and the
+        local heads' band) in the block-sparse Pallas kernel (JAX only)."""
+
+        def clusters(q, routing, v, key_mask, scale):
+            return la_ops.block_sparse.cluster_attention(
+                q, routing.keys, v, routing.query_indices, routing.key_indices,
+                context.causal, key_mask=key_mask, scale=scale)
+
+        return self._band_and_clusters(query, key, value, context, "block_sparse", clusters)
 
     @_pallas.refuses
     def _pallas(self, context):
@@ -487,28 +498,14 @@ class RoutingAttention(BaseAttention):
     def _flex(self, query, key, value, context):
         """Balanced clusters as block-diagonal documents (and the local
         heads' band) in PyTorch's FlexAttention (torch only, by name)."""
-        T, S = context.query_length, context.key_length
-        scale = self._inverse_sqrt_key_dim
-        key_mask = context.padding.key_mask
         causal = la_ops.CausalPattern() if context.causal else None
-        q_loc, q_rt = self._split_heads(query)
-        k_loc, k_rt = self._split_heads(key)
-        v_loc, v_rt = self._split_heads(value)
-        parts = []
-        window = self.routing_window(la_ops.shapes.larger(T, S))
-        if self.routing_heads:
-            routing = self._route(q_rt, k_rt, context, nearest=False)
-            window = routing.window
-        if self.local_heads:
-            look_back, look_ahead = self._local_extents(context.causal, window)
-            parts.append(la_ops.paths.band_attention(
-                q_loc, k_loc, v_loc, look_back, look_ahead, path="flex",
-                key_mask=key_mask, scale=scale))
-        if self.routing_heads:
-            parts.append(la_ops.paths.flex_attention(
-                "cluster", q_rt, routing.keys, v_rt, routing.query_indices, routing.key_indices,
-                causal_pattern=causal, key_mask=key_mask, scale=scale))
-        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
+
+        def clusters(q, routing, v, key_mask, scale):
+            return la_ops.paths.flex_attention(
+                "cluster", q, routing.keys, v, routing.query_indices, routing.key_indices,
+                causal_pattern=causal, key_mask=key_mask, scale=scale)
+
+        return self._band_and_clusters(query, key, value, context, "flex", clusters)
 
     @_flex.refuses
     def _flex(self, context):

@@ -47,28 +47,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-#: Log-sum-exp of a row with no visible key (as
-#: :data:`keras_longattn.ops.reference.MASKED_LOGIT`).
-MASKED_LOGIT = -1e30
+from keras_longattn.kernels.constants import MASKED_LOGIT  # noqa: F401 (re-exported)
 
 
 # ----------------------------------------------------------------- layouts
 class Layout(typing.NamedTuple):
-    """A block layout as the kernels take it (built by
-    :mod:`keras_longattn.ops.layouts`, whose ``BlockLayout`` has the same
-    four fields).
-
-    Attributes:
-        rows: int32 ``(L, nq, M)``: row ``i`` of batch entry ``e`` is
-            ``[count, kb_0, kb_1, ...]``, the number of key blocks query
-            block ``i`` visits, then their indices (increasing; the tail
-            repeats the last one). ``L`` is 1 (one layout for the batch)
-            or B.
-        cols: int32 ``(L, nk, M')``: the same for each key block and the
-            query blocks that visit it (for the ``dk``/``dv`` pass).
-        block_q: query block size.
-        block_k: key block size.
-    """
+    """A block layout as the kernels take it: ``rows`` int32 ``(L, nq, M)``
+    (per query block ``[count, key blocks...]``), ``cols`` the transpose,
+    and the two block sizes (built by :mod:`keras_longattn.ops.layouts`,
+    whose ``BlockLayout`` has the same four fields and documents them)."""
 
     rows: object
     cols: object
