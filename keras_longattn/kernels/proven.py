@@ -18,7 +18,6 @@ devices nobody has checked yet or proofs gone stale.
 """
 
 import functools
-import hashlib
 import json
 import os
 import warnings
@@ -49,16 +48,15 @@ _WARNED = set()
 
 
 def sources_digest(paths, root=PACKAGE_PARENT):
-    """One sha256 over the contents of ``paths`` (relative to ``root``), as
-    :func:`keras_longattn.reproductions.provenance.combined_hash` forms it
-    from the files' own digests ("missing" for a file that is gone)."""
-    digest = hashlib.sha256()
-    for name in sorted(paths):
-        path = Path(root) / name
-        file_digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() \
-            else "missing"
-        digest.update(f"{name}\0{file_digest}\n".encode())
-    return digest.hexdigest()
+    """One sha256 over the contents of ``paths`` (relative to ``root``), the
+    digest :mod:`keras_longattn.reproductions.provenance` records for a run
+    ("missing" for a file that is gone)."""
+    from keras_longattn.reproductions import provenance
+
+    return provenance.combined_hash({
+        name: provenance.file_sha256(Path(root) / name) if (Path(root) / name).is_file()
+        else "missing"
+        for name in paths})
 
 
 @functools.lru_cache(maxsize=None)

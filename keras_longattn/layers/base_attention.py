@@ -451,8 +451,7 @@ class BaseAttention(keras.layers.Layer):
             return
         _WARNED_FALLBACKS.add(key)
         why = "; ".join(reasons) if reasons else (
-            f"no efficient path of {type(self).__name__} runs on the "
-            f"{keras.backend.backend()} backend")
+            f"no efficient path of {type(self).__name__} runs on this backend")
         warnings.warn(
             f"{type(self).__name__} with implementation='auto' runs the "
             f"O(T*S) reference path for this call: {why}. Name a path with "
