@@ -37,6 +37,8 @@ import functools
 import numpy as np
 from keras import ops
 
+from keras_longattn.kernels.arrangements import column_order
+
 #: Largest kernel block (GPU/TPU tiles of 128 rows).
 MAX_BLOCK = 128
 #: Smallest kernel block.
@@ -268,9 +270,61 @@ def all_pairs_layout(T, S, bq, bk):
 
 
 def _column_order(n, l):
-    """Positions ``0 .. n-1`` sorted by ``position mod l``, then position."""
-    pos = np.arange(n)
-    return pos[np.lexsort((pos, pos % l))]
+    """Positions ``0 .. n-1`` sorted by ``position mod l``, then position
+    (:func:`keras_longattn.kernels.arrangements.column_order`, int64)."""
+    return column_order(int(n), int(l)).astype(np.int64)
+
+
+# ---------------------------------------------------- candidate tiles
+def every_tile(num_q, num_k, block):
+    """Every ``(query tile, key tile)`` pair of ``num_q`` x ``num_k`` arranged
+    tokens in tiles of ``block``: NumPy int64 ``(qb, kb)``."""
+    nq, nk = -(-int(num_q) // block), -(-int(num_k) // block)
+    flat = np.arange(nq * nk, dtype=np.int64)
+    return flat // max(nk, 1), flat % max(nk, 1)
+
+
+def _tile_ids(tiles, nk):
+    qb, kb = tiles
+    return np.asarray(qb, np.int64) * nk + np.asarray(kb, np.int64)
+
+
+def _from_ids(ids, nk):
+    return ids // nk, ids % nk
+
+
+def union_tiles(tile_sets, num_k, block):
+    """The union of ``(qb, kb)`` tile sets (sorted, no duplicate)."""
+    nk = max(1, -(-int(num_k) // block))
+    ids = np.unique(np.concatenate([_tile_ids(t, nk) for t in tile_sets] or [np.zeros(0, np.int64)]))
+    return _from_ids(ids, nk)
+
+
+def intersect_tiles(tile_sets, num_k, block):
+    """The intersection of ``(qb, kb)`` tile sets (sorted, no duplicate)."""
+    nk = max(1, -(-int(num_k) // block))
+    ids = None
+    for tiles in tile_sets:
+        own = np.unique(_tile_ids(tiles, nk))
+        ids = own if ids is None else np.intersect1d(ids, own, assume_unique=True)
+    return _from_ids(ids, nk)
+
+
+def segment_tiles(q_group, q_positions, k_group, k_positions, block, look_back, look_ahead):
+    """Candidate tiles of a pattern described by segments (see
+    :meth:`keras_longattn.ops.patterns.AttentionPattern.segments`): pairs of
+    one group within ``look_back`` / ``look_ahead`` positions, on arranged
+    tokens (group ``-1``: never). Every tile when the keys' positions do not
+    increase within a group along the arrangement (the search of
+    :func:`segment_pairs` needs that order)."""
+    q_group, k_group = np.asarray(q_group, np.int64), np.asarray(k_group, np.int64)
+    q_positions = np.asarray(q_positions, np.int64)
+    k_positions = np.asarray(k_positions, np.int64)
+    try:
+        return segment_pairs(q_group, q_positions, k_group, k_positions, block, block,
+                             look_back, look_ahead)
+    except ValueError:
+        return every_tile(q_group.size, k_group.size, block)
 
 
 def arranged_layout(q_order, q_group, k_order, k_group, b, look_back, look_ahead):

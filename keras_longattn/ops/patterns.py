@@ -20,10 +20,17 @@ Shape legend: B batch, T query length, S key length.
 """
 
 
+import numpy as np
 from keras import ops
+
+from keras_longattn.ops import layouts as la_layouts
 
 from keras_longattn._validation import non_negative_int as _check_non_negative_int
 from keras_longattn._validation import positive_int as _check_positive_int
+
+
+def _one_group(pos):
+    return np.zeros(np.shape(pos), np.int64)
 
 
 class AttentionPattern:
@@ -49,6 +56,43 @@ class AttentionPattern:
             A boolean tensor of the broadcast shape.
         """
         raise NotImplementedError
+
+    def segments(self):
+        """How the pattern's allowed pairs are grouped, for listing tiles
+        without evaluating :meth:`allowed` on every pair, or None
+        (unknown).
+
+        Returns ``(query_group, key_group, look_back, look_ahead)``: two
+        functions from NumPy int positions to int64 group ids (``-1``: in
+        no group) and two extents (int or None, unbounded), such that a
+        pair is allowed only when both positions are in one group and
+        ``-look_back <= k_pos - q_pos <= look_ahead``.
+        """
+        return None
+
+    def candidate_tiles(self, q_positions, k_positions, block):
+        """The tiles that may hold an allowed pair, as NumPy int64 arrays
+        ``(query tile, key tile)``: a superset of the tiles of ``block`` x
+        ``block`` arranged tokens with an allowed pair, listed from
+        :meth:`segments` in O(tiles listed) time (every tile where the
+        pattern has no segments).
+
+        Args:
+            q_positions: NumPy int, the position of each arranged query
+                (``-1``: a slot that holds no query).
+            k_positions: NumPy int, the same for the keys.
+            block: the tile size.
+        """
+        q_positions = np.asarray(q_positions, np.int64)
+        k_positions = np.asarray(k_positions, np.int64)
+        segments = self.segments()
+        if segments is None:
+            return la_layouts.every_tile(q_positions.size, k_positions.size, block)
+        query_group, key_group, look_back, look_ahead = segments
+        q_group = np.where(q_positions >= 0, query_group(np.maximum(q_positions, 0)), -1)
+        k_group = np.where(k_positions >= 0, key_group(np.maximum(k_positions, 0)), -1)
+        return la_layouts.segment_tiles(q_group, q_positions, k_group, k_positions, block,
+                                        look_back, look_ahead)
 
     def dense_mask(self, query_length, key_length):
         """The pattern as a dense boolean ``(T, S)`` tensor (O(T*S) memory)."""
@@ -80,6 +124,9 @@ class AttentionPattern:
 class FullPattern(AttentionPattern):
     """Every query attends to every key."""
 
+    def segments(self):
+        return _one_group, _one_group, None, None
+
     def allowed(self, q_pos, k_pos):
         return ops.equal(q_pos * 0 + k_pos * 0, 0)
 
@@ -89,6 +136,9 @@ class CausalPattern(AttentionPattern):
     ``keras.layers.MultiHeadAttention(use_causal_mask=True)``)."""
 
     is_causal = True
+
+    def segments(self):
+        return _one_group, _one_group, None, 0
 
     def allowed(self, q_pos, k_pos):
         return ops.less_equal(k_pos, q_pos)
@@ -113,6 +163,9 @@ class LocalPattern(AttentionPattern):
     @property
     def is_causal(self):
         return self.look_ahead == 0
+
+    def segments(self):
+        return _one_group, _one_group, self.look_back, self.look_ahead
 
     def allowed(self, q_pos, k_pos):
         offset = k_pos - q_pos
@@ -148,6 +201,14 @@ class DilatedPattern(AttentionPattern):
     @property
     def is_causal(self):
         return self.look_ahead == 0
+
+    def segments(self):
+        r = self.dilation
+
+        def residue(pos):
+            return np.asarray(pos, np.int64) % r
+
+        return residue, residue, self.look_back * r, self.look_ahead * r
 
     def allowed(self, q_pos, k_pos):
         offset = k_pos - q_pos
@@ -192,6 +253,20 @@ class GlobalPattern(AttentionPattern):
             result = ops.logical_or(result, ops.equal(pos, p))
         return result
 
+    def candidate_tiles(self, q_positions, k_positions, block):
+        """The tiles of a global query (every key tile) and those of a
+        global key (every query tile)."""
+        q_positions = np.asarray(q_positions, np.int64)
+        k_positions = np.asarray(k_positions, np.int64)
+        nq, nk = -(-q_positions.size // block), -(-k_positions.size // block)
+        glob = np.asarray(self.positions, np.int64)
+        rows = np.unique(np.flatnonzero(np.isin(q_positions, glob)) // block)
+        cols = np.unique(np.flatnonzero(np.isin(k_positions, glob)) // block)
+        return la_layouts.union_tiles(
+            [(np.repeat(rows, nk), np.tile(np.arange(nk), rows.size)),
+             (np.tile(np.arange(nq), cols.size), np.repeat(cols, nq))],
+            k_positions.size, block)
+
     def allowed(self, q_pos, k_pos):
         # `q_pos * 0 + k_pos * 0` broadcasts both to the (query, key) shape.
         zero = q_pos * 0 + k_pos * 0
@@ -219,6 +294,42 @@ class Intersection(AttentionPattern):
     def is_causal(self):
         return any(p.is_causal for p in self.patterns)
 
+    def segments(self):
+        """The members' segments combined (one group per tuple of groups,
+        the tightest extents), when every member has segments."""
+        parts = [p.segments() for p in self.patterns]
+        if any(part is None for part in parts):
+            return None
+
+        def combine(which):
+            def group(pos):
+                out = np.zeros(np.shape(pos), np.uint64)
+                missing = np.zeros(np.shape(pos), bool)
+                for part in parts:
+                    g = np.asarray(part[which](pos), np.int64)
+                    missing |= g < 0
+                    # A hash of the tuple of groups, the same for queries
+                    # and keys (a collision merges two groups: more tiles
+                    # listed, never fewer).
+                    out = (out ^ np.maximum(g, 0).astype(np.uint64)) * np.uint64(0x100000001B3)
+                out = (out >> np.uint64(2)).astype(np.int64)
+                return np.where(missing, -1, out)
+            return group
+
+        def tightest(values):
+            known = [v for v in values if v is not None]
+            return min(known) if known else None
+
+        return (combine(0), combine(1), tightest([p[2] for p in parts]),
+                tightest([p[3] for p in parts]))
+
+    def candidate_tiles(self, q_positions, k_positions, block):
+        if self.segments() is not None:
+            return super().candidate_tiles(q_positions, k_positions, block)
+        return la_layouts.intersect_tiles(
+            [p.candidate_tiles(q_positions, k_positions, block) for p in self.patterns],
+            np.size(k_positions), block)
+
     def allowed(self, q_pos, k_pos):
         result = self.patterns[0].allowed(q_pos, k_pos)
         for p in self.patterns[1:]:
@@ -245,6 +356,11 @@ class Union(AttentionPattern):
     @property
     def is_causal(self):
         return all(p.is_causal for p in self.patterns)
+
+    def candidate_tiles(self, q_positions, k_positions, block):
+        return la_layouts.union_tiles(
+            [p.candidate_tiles(q_positions, k_positions, block) for p in self.patterns],
+            np.size(k_positions), block)
 
     def allowed(self, q_pos, k_pos):
         result = self.patterns[0].allowed(q_pos, k_pos)
@@ -275,6 +391,12 @@ class Difference(AttentionPattern):
     @property
     def is_causal(self):
         return self.include.is_causal
+
+    def segments(self):
+        return self.include.segments()
+
+    def candidate_tiles(self, q_positions, k_positions, block):
+        return self.include.candidate_tiles(q_positions, k_positions, block)
 
     def allowed(self, q_pos, k_pos):
         return ops.logical_and(

@@ -83,6 +83,14 @@ class StridedPattern(AttentionPattern):
     def __init__(self, stride):
         self.stride = _check_positive_int("stride", stride)
 
+    def segments(self):
+        stride = self.stride
+
+        def column(pos):
+            return np.asarray(pos, np.int64) % stride
+
+        return column, column, None, None
+
     def allowed(self, q_pos, k_pos):
         return ops.equal(ops.mod(q_pos, self.stride), ops.mod(k_pos, self.stride))
 
@@ -102,6 +110,14 @@ class BlockPattern(AttentionPattern):
 
     def __init__(self, block_length):
         self.block_length = _check_positive_int("block_length", block_length)
+
+    def segments(self):
+        l = self.block_length
+
+        def block(pos):
+            return np.asarray(pos, np.int64) // l
+
+        return block, block, None, None
 
     def allowed(self, q_pos, k_pos):
         l = self.block_length
@@ -127,6 +143,17 @@ class SummaryPattern(AttentionPattern):
         self.block_length = _check_positive_int("block_length", block_length)
         self.summary_width = _check_positive_int("summary_width", summary_width)
         _check_summary_width(self.summary_width, self.block_length)
+
+    def segments(self):
+        l, c = self.block_length, self.summary_width
+
+        def every_query(pos):
+            return np.zeros(np.shape(pos), np.int64)
+
+        def summary_key(pos):
+            return np.where(np.asarray(pos, np.int64) % l >= l - c, 0, -1)
+
+        return every_query, summary_key, None, None
 
     def allowed(self, q_pos, k_pos):
         l, c = self.block_length, self.summary_width

@@ -504,3 +504,40 @@ def test_auto_tries_flex_only_where_a_device_proved_it(monkeypatch):
     assert layer.auto_order()[0] == "flex"
     monkeypatch.setattr(proven, "active_device_kind", lambda backend: None)
     assert "flex" not in layer.auto_order()
+
+
+# ------------------------------------------------------ block structure work
+@torch_only
+def test_block_structure_evaluates_only_the_candidate_tiles():
+    """A band's block mask evaluates the pattern on the pairs of its
+    candidate tiles only: O(n * w) pairs, not n^2, and the same tables as
+    evaluating every tile."""
+    import torch
+
+    flex = _flex()
+    n, pattern = 64 * TILE, la_patterns.LocalPattern(TILE, 0)
+    seen = []
+
+    def counting(q, k):
+        seen.append(int(torch.broadcast_tensors(q, k)[0].numel()))
+        return pattern.allowed(q, k)
+
+    tiles = pattern.candidate_tiles(np.arange(n), np.arange(n), TILE)
+    partial, full = flex.block_structure(counting, n, n, "cpu", tiles)
+    assert sum(seen) <= 2 * n * TILE
+    every = flex.block_structure(pattern.allowed, n, n, "cpu", flex.every_tile(n, n))
+    assert torch.equal(partial, every[0]) and torch.equal(full, every[1])
+    with pytest.raises(ValueError, match="tiles"):
+        flex.block_structure(pattern.allowed, n, n, "cpu", (np.array([64]), np.array([0])))
+
+
+@torch_only
+@pytest.mark.parametrize("k,wq,wk", [(4, 10, 10), (3, 7, 20), (5, 16, 16), (2, 33, 5)])
+def test_document_tiles_cover_every_cluster_pair(k, wq, wk):
+    flex = _flex()
+    qb, kb = flex.document_tiles(k, wq, wk)
+    listed = set(zip(qb.tolist(), kb.tolist()))
+    q, kk = np.arange(k * wq)[:, None], np.arange(k * wk)[None, :]
+    same = q // wq == kk // wk
+    needed = {(i // TILE, j // TILE) for i, j in zip(*np.nonzero(same))}
+    assert needed <= listed and len(listed) <= len(needed) + 2 * k

@@ -80,3 +80,76 @@ def test_paths_refuse_by_backend():
     assert (paths.refusal("lsh") is None) == on_torch
     with pytest.raises(ValueError, match="`path` must be one of"):
         paths.refusal("fast")
+
+
+# ------------------------------------------------------- candidate tiles
+def _tiles_with_an_allowed_pair(pattern, q_positions, k_positions, block):
+    q = np.asarray(q_positions)[:, None]
+    k = np.asarray(k_positions)[None, :]
+    allowed = np.asarray(keras.ops.convert_to_numpy(pattern.allowed(
+        keras.ops.convert_to_tensor(q, "int32"), keras.ops.convert_to_tensor(k, "int32"))))
+    allowed = np.broadcast_to(allowed, (q.shape[0], k.shape[1])) & (q >= 0) & (k >= 0)
+    return {(i // block, j // block) for i, j in zip(*np.nonzero(allowed))}
+
+
+def _candidate_patterns():
+    from keras_longattn.ops import patterns as p
+    from keras_longattn.ops import sparse as s
+
+    causal = p.CausalPattern()
+    return {
+        "local": p.LocalPattern(5, 0),
+        "local-both": p.LocalPattern(3, 7),
+        "causal": causal,
+        "full": p.FullPattern(),
+        "dilated": p.DilatedPattern(3, 2, 3),
+        "strided": s.StridedPattern(4) & causal,
+        "blocks": s.BlockPattern(6) & causal,
+        "summary": s.SummaryPattern(6, 2) & causal,
+        "strided-minus-band": p.Difference(s.StridedPattern(4) & causal, p.LocalPattern(4, 0)),
+        "global": p.GlobalPattern([0, 5]) & causal,
+        "band-or-global": p.Union(p.LocalPattern(2, 2), p.GlobalPattern([3])),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_candidate_patterns()))
+@pytest.mark.parametrize("arrangement", ["in order", "columns of 4", "columns of 3", "padded"])
+def test_candidate_tiles_hold_every_allowed_pair(name, arrangement):
+    """A pattern's candidate tiles (listed from its segments, without
+    evaluating it on every pair) include every tile that holds an allowed
+    pair, in order and in the arrangements the block-sparse paths use."""
+    pattern = _candidate_patterns()[name]
+    for T, S, block in [(37, 37, 8), (50, 29, 4), (16, 40, 16)]:
+        if arrangement == "in order":
+            q, k = np.arange(T), np.arange(S)
+        elif arrangement == "padded":  # slots that hold no token: -1
+            q = np.concatenate([np.arange(T), [-1] * 5])
+            k = np.concatenate([[-1] * 3, np.arange(S)])
+        else:
+            stride = int(arrangement.split()[-1])
+            q, k = layouts._column_order(T, stride), layouts._column_order(S, stride)
+        qb, kb = pattern.candidate_tiles(q, k, block)
+        listed = set(zip(qb.tolist(), kb.tolist()))
+        missing = _tiles_with_an_allowed_pair(pattern, q, k, block) - listed
+        assert not missing, (name, arrangement, T, S, block, sorted(missing)[:5])
+
+
+def test_candidate_tiles_grow_with_the_tokens_not_their_square():
+    """The band in order and the strided columns (by column) list a number
+    of tiles linear in n: the work of a block mask stays O(n * w)."""
+    from keras_longattn.ops import patterns as p
+    from keras_longattn.ops import sparse as s
+
+    block, n = 128, 1 << 16
+    counts = {}
+    for name, pattern, order in [
+        ("band", p.LocalPattern(256, 0), np.arange(n)),
+        ("columns", s.StridedPattern(256) & p.CausalPattern(), layouts._column_order(n, 256)),
+    ]:
+        qb, _ = pattern.candidate_tiles(order, order, block)
+        counts[name] = qb.size
+    assert counts["band"] <= 3 * (n // block)
+    assert counts["columns"] <= 3 * (n // block)
+    # Without segments every tile is listed (the base class's superset).
+    qb, _ = layouts.every_tile(n // 64, n // 64, block)
+    assert qb.size == (n // 64 // block) ** 2

@@ -9,11 +9,13 @@ the layer builds its :mod:`keras_longattn.ops` pattern (``LocalPattern``,
 it in; this module never imports :mod:`keras_longattn.ops` and never
 restates a predicate. ``pattern.allowed(q_pos, k_pos)`` is evaluated
 
-* by :func:`block_structure`, on chunks of rows of the ``(T, S)`` grid
-  (``keras.ops`` on torch tensors), to list for each tile of
-  :data:`BLOCK` x :data:`BLOCK` pairs whether it holds an allowed pair
-  (*partial*) or only allowed pairs (*full*): the ``BlockMask``, built
-  once per shapes, pattern and device (:data:`MAX_STRUCTURES` kept);
+* by :func:`block_structure`, on the pairs of the candidate tiles that the
+  pattern lists (``pattern.candidate_tiles``: from its segments, in time
+  that grows with the tiles listed, never with ``T * S``), to tell for
+  each tile of :data:`BLOCK` x :data:`BLOCK` pairs whether it holds an
+  allowed pair (*partial*) or only allowed pairs (*full*): the
+  ``BlockMask``, built once per shapes, pattern and device
+  (:data:`MAX_STRUCTURES` kept);
 * by FlexAttention's kernel, as the ``mask_mod``, on the pairs of the
   partial tiles (with the call's data: key padding, global slots,
   cluster positions; a call with such data has only partial tiles).
@@ -65,7 +67,6 @@ keys per cluster.
 
 import collections
 import contextlib
-import functools
 import itertools
 import sys
 import types
@@ -73,6 +74,9 @@ import warnings
 
 import numpy as np
 import torch
+
+from keras_longattn.kernels.arrangements import column_order
+from keras_longattn.kernels.arrangements import summary_positions
 
 try:
     from torch.nn.attention import flex_attention as _flex_module
@@ -327,40 +331,63 @@ def _as_structure(partial, full=None):
     return num, idx, full_num, full_idx
 
 
-def block_structure(predicate, T, S, device):
+def every_tile(T, S):
+    """Every tile of ``T`` x ``S`` pairs: NumPy int64 ``(query tile, key
+    tile)``."""
+    nq, nk = -(-int(T) // BLOCK), -(-int(S) // BLOCK)
+    flat = np.arange(nq * nk, dtype=np.int64)
+    return flat // max(nk, 1), flat % max(nk, 1)
+
+
+def union_tiles(*tile_sets):
+    """The union of ``(query tile, key tile)`` sets (pairs may repeat)."""
+    return (np.concatenate([np.asarray(t[0], np.int64) for t in tile_sets]),
+            np.concatenate([np.asarray(t[1], np.int64) for t in tile_sets]))
+
+
+def block_structure(predicate, T, S, device, tiles):
     """Tiles of the ``(T, S)`` pairs under ``predicate(q_idx, kv_idx)``
-    (int32 ``(n, 1)`` and ``(1, S)`` tensors -> boolean, broadcast): boolean
-    ``(1, 1, nq, nk)`` tables ``(partial, full)`` of tiles of :data:`BLOCK`
-    pairs with some / only allowed pairs (tiles that overhang the lengths
-    are never full). Evaluated on chunks of rows, at most
-    :data:`STRUCTURE_PAIRS` pairs at once."""
+    (int32 tensors -> boolean, broadcast): boolean ``(1, 1, nq, nk)``
+    tables ``(partial, full)`` of tiles of :data:`BLOCK` pairs with some /
+    only allowed pairs (tiles that overhang the lengths are never full).
+
+    The predicate is evaluated only on the candidate ``tiles`` (NumPy int
+    ``(query tile, key tile)``, a superset of the tiles with an allowed
+    pair, e.g. a pattern's ``candidate_tiles``), at most
+    :data:`STRUCTURE_PAIRS` pairs at once: the work grows with the tiles
+    listed, not with ``T * S``."""
     nq, nk = -(-T // BLOCK), -(-S // BLOCK)
     any_tiles = torch.zeros((nq, nk), dtype=torch.bool, device=device)
     all_tiles = torch.zeros((nq, nk), dtype=torch.bool, device=device)
-    rows = max(1, STRUCTURE_PAIRS // max(nk * BLOCK, 1) // BLOCK) * BLOCK
-    kv = torch.arange(S, dtype=torch.int32, device=device)[None, :]
-    for start in range(0, T, rows):
-        stop = min(T, start + rows)
-        q = torch.arange(start, stop, dtype=torch.int32, device=device)[:, None]
-        allowed = torch.as_tensor(predicate(q, kv)).to(torch.bool)
-        allowed = torch.broadcast_to(allowed, (stop - start, S))
-        padded = torch.zeros((-(-(stop - start) // BLOCK) * BLOCK, nk * BLOCK),
-                             dtype=torch.bool, device=device)
-        padded[: stop - start, :S] = allowed
-        tiles = padded.view(-1, BLOCK, nk, BLOCK)
-        first = start // BLOCK
-        any_tiles[first : first + tiles.shape[0]] = tiles.any(dim=3).any(dim=1)
-        all_tiles[first : first + tiles.shape[0]] = tiles.all(dim=3).all(dim=1)
+    qb = torch.as_tensor(np.asarray(tiles[0], np.int64), device=device)
+    kb = torch.as_tensor(np.asarray(tiles[1], np.int64), device=device)
+    if qb.numel():
+        if int(qb.min()) < 0 or int(qb.max()) >= nq or int(kb.min()) < 0 or int(kb.max()) >= nk:
+            raise ValueError(f"`tiles` must lie in the {nq} x {nk} tiles of {T} x {S} pairs")
+    offsets = torch.arange(BLOCK, dtype=torch.int32, device=device)
+    chunk = max(1, STRUCTURE_PAIRS // (BLOCK * BLOCK))
+    for start in range(0, int(qb.numel()), chunk):
+        q_tile, k_tile = qb[start:start + chunk], kb[start:start + chunk]
+        q = (q_tile.to(torch.int32)[:, None, None] * BLOCK + offsets[None, :, None])
+        kv = (k_tile.to(torch.int32)[:, None, None] * BLOCK + offsets[None, None, :])
+        inside = (q < T) & (kv < S)
+        allowed = torch.as_tensor(predicate(torch.clamp(q, max=T - 1),
+                                            torch.clamp(kv, max=S - 1))).to(torch.bool)
+        allowed = torch.broadcast_to(allowed, inside.shape) & inside
+        any_tiles[q_tile, k_tile] = allowed.any(dim=2).any(dim=1)
+        all_tiles[q_tile, k_tile] = allowed.all(dim=2).all(dim=1)
     return (any_tiles & ~all_tiles)[None, None], all_tiles[None, None]
 
 
-def _structure(key, predicate, T, S, device, full_blocks):
-    """The cached :func:`block_structure` of ``key`` as ``from_kv_blocks``
-    arguments; with ``full_blocks=False`` every listed tile is partial (the
-    call's mask has data the structure does not know)."""
+def _structure(key, predicate, T, S, device, full_blocks, tiles):
+    """The cached :func:`block_structure` of ``key`` (on the candidate
+    ``tiles``, a function called only when it is built) as
+    ``from_kv_blocks`` arguments; with ``full_blocks=False`` every listed
+    tile is partial (the call's mask has data the structure does not
+    know)."""
 
     def make():
-        partial, full = block_structure(predicate, T, S, device)
+        partial, full = block_structure(predicate, T, S, device, tiles())
         return _as_structure(partial, full), _as_structure(partial | full)
 
     separated, merged = _STRUCTURES.get(key + (T, S, BLOCK, str(device)), make)
@@ -374,27 +401,6 @@ def _positions(order, device):
     return _STRUCTURES.get(
         ("positions", _order_key(order, "order"), str(device)),
         lambda: torch.tensor(np.asarray(order, dtype=np.int32), device=device))
-
-
-@functools.lru_cache(maxsize=MAX_STRUCTURES)
-def column_order(n, stride):
-    """Positions ``0 .. n-1`` sorted by ``position mod stride``, then
-    position (numpy int32, read-only)."""
-    pos = np.arange(int(n))
-    order = pos[np.lexsort((pos, pos % int(stride)))].astype(np.int32)
-    order.flags.writeable = False
-    return order
-
-
-@functools.lru_cache(maxsize=MAX_STRUCTURES)
-def summary_positions(n, block_length, summary_width):
-    """The positions of ``0 .. n-1`` in the last ``summary_width`` cells of
-    their block of ``block_length`` (numpy int32, read-only)."""
-    pos = np.arange(int(n))
-    order = np.flatnonzero(
-        pos % int(block_length) >= int(block_length) - int(summary_width)).astype(np.int32)
-    order.flags.writeable = False
-    return order
 
 
 def _heads_first(x):
@@ -434,8 +440,13 @@ def _pattern_parts(pattern, T, S, device, q_order, k_order, valid):
     def predicate(q_idx, kv_idx):
         return pattern.allowed(at(q_pos, q_idx), at(k_pos, kv_idx))
 
+    def tiles():
+        return pattern.candidate_tiles(np.arange(T) if q_order is None else q_order,
+                                       np.arange(S) if k_order is None else k_order, BLOCK)
+
     key = ("pattern", pattern, _order_key(q_order, "q"), _order_key(k_order, "k"))
-    structure = _structure(key, predicate, T, S, device, full_blocks=valid is None)
+    structure = _structure(key, predicate, T, S, device, full_blocks=valid is None,
+                           tiles=tiles)
     if valid is None:
         def mask_mod(b, h, q_idx, kv_idx):
             return pattern.allowed(at(q_pos, q_idx), at(k_pos, kv_idx))
@@ -613,8 +624,17 @@ def _appended_keys_attention(query, key, value, first, extra, extra_positions, k
         return torch.where(inside, torch.as_tensor(first.allowed(q_idx, own)),
                            torch.as_tensor(extra.allowed(q_idx, appended)))
 
+    def tiles():
+        queries = np.arange(T)
+        extra_np = np.asarray(extra_positions, np.int64)
+        none_s, none_g = np.full(S, -1, np.int64), np.full(G, -1, np.int64)
+        return union_tiles(
+            first.candidate_tiles(queries, np.concatenate([np.arange(S), none_g]), BLOCK),
+            extra.candidate_tiles(queries, np.concatenate([none_s, extra_np]), BLOCK))
+
     structure = _structure(("appended", first, extra, _order_key(extra_positions, "k")),
-                           predicate, T, S + G, device, full_blocks=valid is None)
+                           predicate, T, S + G, device, full_blocks=valid is None,
+                           tiles=tiles)
     if valid is None:
         def mask_mod(b, h, q_idx, kv_idx):
             inside, own, appended = split(kv_idx)
@@ -770,8 +790,14 @@ def _dilated_window(query, key, value, pattern, dilation, valid, slots, global_p
         glob = global_pattern.allowed(qp, g_pos[b, g]) & k_valid[b, g]
         return torch.where(inside, window, glob)
 
+    def tiles():  # the window's, and every query tile against the global keys
+        window = pattern.candidate_tiles(q_np, np.concatenate([k_np, np.full(G, -1)]), BLOCK)
+        rows = np.arange(-(-T // BLOCK))
+        cols = np.arange(S // BLOCK, -(-(S + G) // BLOCK))
+        return union_tiles(window, (np.repeat(rows, cols.size), np.tile(cols, rows.size)))
+
     key_ = ("longformer", pattern, dilation, global_pattern, G)
-    structure = _structure(key_, predicate, T, S + G, device, full_blocks=False)
+    structure = _structure(key_, predicate, T, S + G, device, full_blocks=False, tiles=tiles)
     out = _run(key_, _heads_first(q_arr), _heads_first(keys), _heads_first(values), structure,
                mask_mod, scale)
     out = _heads_first(out)
@@ -793,7 +819,7 @@ def _global_rows(global_query, key, value, positions, valid, global_pattern, sca
         def mask_mod(b, h, q_idx, kv_idx):
             return global_pattern.allowed(g_pos[b, q_idx], kv_idx) & valid[b, kv_idx]
     structure = _structure(("every pair",), lambda q, k: torch.ones_like(q + k, dtype=torch.bool),
-                           G, S, device, full_blocks=False)
+                           G, S, device, full_blocks=False, tiles=lambda: every_tile(G, S))
     out = _run(("global rows", global_pattern, valid is not None), _heads_first(global_query),
                _heads_first(key), _heads_first(value), structure, mask_mod, scale)
     return _heads_first(out)
@@ -838,7 +864,9 @@ def bigbird_attention(query, key, value, block_table, block_size, causal_pattern
     if causal_pattern is not None:
         partial, full = _STRUCTURES.get(
             ("causal tiles", causal_pattern, T, S, BLOCK, str(device)),
-            lambda: block_structure(causal_pattern.allowed, T, S, device))
+            lambda: block_structure(causal_pattern.allowed, T, S, device,
+                                    causal_pattern.candidate_tiles(np.arange(T), np.arange(S),
+                                                                   BLOCK)))
         tiles = tiles & (partial | full)
     structure = _as_structure(tiles)
 
@@ -857,6 +885,22 @@ def bigbird_attention(query, key, value, block_table, block_size, causal_pattern
 
 
 # ------------------------------------------------------------------ Routing
+def document_tiles(k, wq, wk):
+    """The tiles of ``k`` block-diagonal documents of ``wq`` queries and
+    ``wk`` keys each (queries and keys gathered cluster by cluster): each
+    query tile against the key tiles of the clusters its queries are in."""
+    nq = -(-(k * wq) // BLOCK)
+    q_tile = np.arange(nq, dtype=np.int64)
+    first = (q_tile * BLOCK) // wq
+    last = (np.minimum((q_tile + 1) * BLOCK, k * wq) - 1) // wq
+    lo, hi = (first * wk) // BLOCK, ((last + 1) * wk - 1) // BLOCK
+    counts = hi - lo + 1
+    rows = np.repeat(q_tile, counts)
+    cols = np.repeat(lo - np.cumsum(np.concatenate([[0], counts[:-1]])), counts) + np.arange(
+        counts.sum())
+    return rows, cols
+
+
 @torch.compiler.disable
 def cluster_attention(query, key, value, query_indices, key_indices, causal_pattern=None,
                       key_mask=None, scale=None):
@@ -906,7 +950,7 @@ def cluster_attention(query, key, value, query_indices, key_indices, causal_patt
 
     data = causal_pattern is not None or k_valid is not None
     structure = _structure(("documents", wq, wk), documents, k * wq, k * wk, device,
-                           full_blocks=not data)
+                           full_blocks=not data, tiles=lambda: document_tiles(k, wq, wk))
     out = _run(("clusters", wq, wk, causal_pattern, k_valid is not None),
                gather(query, q_flat), gather(key, k_flat), gather(value, k_flat), structure,
                mask_mod, scale)  # (B, H, k * wq, dv)
