@@ -47,6 +47,7 @@ import ast
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,9 @@ __all__ = [
 DEFAULT_OUTPUT_DIR = "build/notebooks"
 #: The committed full-size runs, relative to the checkout (``--stale``).
 FULL_RESULTS_DIR = "docs/results"
+#: The results file of the planted variants (``reproductions.planted``),
+#: which ``--stale --run`` re-creates with that module, not with a notebook.
+PLANTED_RESULTS = "planted_bugs"
 #: Key of the notebook metadata this command reads.
 METADATA_KEY = "keras_longattn"
 #: Name of the kernel the notebooks run on.
@@ -621,11 +625,26 @@ def _run_stale(args: argparse.Namespace, notebooks_dir: Path) -> int:
         print(format_stale(stale), flush=True)
     if not args.run or not stale:
         return 0
-    plan = [(check.name, args.backend or _recorded_backend(check.path)) for check in stale]
-    print(f"[reproduce] re-running {len(plan)} stale result(s) at full size into {directory}",
-          flush=True)
-    return _execute_all(plan, args, full=True, output_dir=directory,
-                        notebooks_dir=notebooks_dir, overrides={})
+    plan = [(check.name, args.backend or _recorded_backend(check.path)) for check in stale
+            if check.name != PLANTED_RESULTS]
+    status = 0
+    if plan:
+        print(f"[reproduce] re-running {len(plan)} stale result(s) at full size into {directory}",
+              flush=True)
+        status = _execute_all(plan, args, full=True, output_dir=directory,
+                              notebooks_dir=notebooks_dir, overrides={})
+    if any(check.name == PLANTED_RESULTS for check in stale):
+        status = max(status, _run_planted(directory / f"{PLANTED_RESULTS}.json"))
+    return status
+
+
+def _run_planted(path: Path) -> int:
+    """Re-runs every planted variant of the reproductions (on JAX, in a
+    fresh process) into ``path``; returns 1 when one was not caught."""
+    command = [sys.executable, "-m", "keras_longattn.reproductions.planted", "--write", str(path)]
+    print(f"[reproduce] planted variants -> {path}", flush=True)
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    return 0 if subprocess.run(command, env=env, check=False).returncode == 0 else 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -363,6 +363,38 @@ def test_reproduce_stale_run_reruns_only_the_stale_at_full_size(tmp_path, monkey
     assert {kw["backend"] for _, kw in calls} == {"tensorflow"}
 
 
+def test_reproduce_stale_run_recreates_planted_results_with_their_module(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The planted variants' results are no notebook: --stale --run runs
+    reproductions.planted (on JAX) for them, and the notebooks as before."""
+    folder = _stale_folder(tmp_path)
+    _results(folder, reproduce.PLANTED_RESULTS)
+    notebooks, commands = [], []
+
+    def execute(slug, **kwargs):
+        notebooks.append(slug)
+        return {"metrics": {}, "backend": kwargs["backend"],
+                "reproduce": {"size": "full", "total_wall_time_s": 0.0}}
+
+    real_run = subprocess.run
+
+    def fake_run(command, *args, **kwargs):
+        if "keras_longattn.reproductions.planted" not in command:
+            return real_run(command, *args, **kwargs)  # git, for the provenance
+        commands.append((command, kwargs["env"]["KERAS_BACKEND"]))
+        return subprocess.CompletedProcess(command, 1)  # a variant not caught
+
+    monkeypatch.setattr(reproduce, "execute_notebook", execute)
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
+    assert reproduce.main(["--stale", "--run", "--output-dir", str(folder)]) == 1
+    assert notebooks == ["bare", "changed"]
+    ((command, backend),) = commands
+    assert backend == "jax" and command[1:4] == ["-m", "keras_longattn.reproductions.planted",
+                                                 "--write"]
+    assert Path(command[4]) == folder / "planted_bugs.json"
+    capsys.readouterr()
+
+
 def test_reproduce_stale_usage_errors(tmp_path, capsys):
     assert reproduce.main(["--run", "--output-dir", str(tmp_path)]) == 2
     assert "--stale" in capsys.readouterr().err
