@@ -505,10 +505,19 @@ class BaseAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
     ):
         # Keras fills `query_mask`, `value_mask` and `key_mask` from the
         # inputs' Keras masks (e.g. `Embedding(mask_zero=True)`) before
         # `call`, exactly as for MultiHeadAttention.
+        if cache is not None or cache_update_index is not None:
+            return self._call_with_cache(
+                query, value, key, cache, cache_update_index,
+                masks=(query_mask, value_mask, key_mask, attention_mask),
+                return_attention_scores=return_attention_scores,
+                training=training, use_causal_mask=use_causal_mask,
+            )
         if key is None:
             key = value
         # The masks are consumed here (as MultiHeadAttention does), so that
@@ -735,6 +744,121 @@ class BaseAttention(keras.layers.Layer):
             return out, weights
         return out
 
+    # -------------------------------------------------------------- decoding
+    def decode_refusal(self):
+        """Why the layer cannot decode with a cache (None when it can).
+
+        A layer decodes incrementally when a new query's output depends on
+        the earlier keys through a state of bounded size that one step can
+        update (:meth:`cache_shape`, :meth:`_decode`)."""
+        return (f"{type(self).__name__} has no decoding cache: every output "
+                "depends on the whole sequence at once")
+
+    def cache_shape(self, batch_size, max_length):
+        """The shape of the decoding cache of ``batch_size`` sequences of up
+        to ``max_length`` positions (:meth:`init_cache` makes one)."""
+        reason = self.decode_refusal()
+        if reason is not None:
+            raise ValueError(reason)
+        raise NotImplementedError
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """An empty decoding cache: zeros of :meth:`cache_shape` in
+        ``dtype`` (default: the layer's compute dtype)."""
+        return ops.zeros(self.cache_shape(batch_size, max_length),
+                         dtype=dtype or self.compute_dtype)
+
+    def _decode(self, query, key, value, cache, index, training):
+        """One decoding call on projected heads: the ``T`` new queries, keys
+        and values at positions ``index .. index + T - 1``, and the cache of
+        the earlier ones. Returns ``(out (B, T, H, dv), new cache)``."""
+        raise NotImplementedError
+
+    def _check_cache(self, cache, batch_size):
+        """The cache as a tensor, or a ValueError naming what differs from
+        :meth:`cache_shape` (the sequence axis of a full-length cache is
+        free: ``cache_length_free``)."""
+        cache = ops.convert_to_tensor(cache)
+        expected = tuple(self.cache_shape(batch_size, None if self.cache_length_free else 1))
+        shape = tuple(cache.shape)
+        same = len(shape) == len(expected) and all(
+            e is None or s is None or s == e for s, e in zip(shape, expected))
+        if not same:
+            shown = tuple("max_length" if e is None else e for e in expected)
+            raise ValueError(
+                f"`cache` of {type(self).__name__} must have shape {shown} "
+                f"(init_cache gives one). Received: cache.shape={shape}")
+        if keras.backend.standardize_dtype(cache.dtype) not in ("float16", "bfloat16", "float32",
+                                                               "float64"):
+            raise ValueError(
+                "`cache` must be a floating-point tensor. "
+                f"Received: cache.dtype={keras.backend.standardize_dtype(cache.dtype)}")
+        return cache
+
+    #: Whether the cache's sequence axis is the maximum length (a full
+    #: cache) rather than a size the layer fixes (a ring of the window).
+    cache_length_free = True
+
+    def _call_with_cache(self, query, value, key, cache, index, masks,
+                         return_attention_scores, training, use_causal_mask):
+        """``call`` with ``cache`` and ``cache_update_index``: causal
+        self-attention of the new tokens at positions ``index ..`` over the
+        cached ones and themselves; returns ``(output, new cache)``."""
+        name = type(self).__name__
+        reason = self.decode_refusal()
+        if reason is not None:
+            raise ValueError(f"{reason}. Received: cache={'given' if cache is not None else None}")
+        if cache is None or index is None:
+            raise ValueError(
+                "Decoding needs both `cache` and `cache_update_index`. Received: "
+                f"cache={'given' if cache is not None else None}, "
+                f"cache_update_index={index!r}")
+        if not use_causal_mask:
+            raise ValueError(
+                f"{name} decodes causally only: pass use_causal_mask=True with a "
+                "cache. Received: use_causal_mask=False")
+        if return_attention_scores:
+            raise ValueError(
+                "A decoding call returns no attention scores. "
+                "Received: return_attention_scores=True")
+        given = [n for n, m in zip(("query_mask", "value_mask", "key_mask", "attention_mask"),
+                                   masks) if m is not None]
+        if given:
+            raise ValueError(
+                f"{name} decodes without padding masks (the cache holds real tokens "
+                f"only; decode each sequence from its own length). Received: {', '.join(given)}")
+        if key is not None and key is not value:
+            raise ValueError(
+                "A decoding call is self-attention: `key` must be None or `value`. "
+                "Received: a separate key tensor")
+        query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
+        for t in (query, value):
+            _set_keras_mask(t, None)
+        self._validate_call(query, value, value, None, None, None, None)
+        if query.shape[1] is not None and value.shape[1] is not None and (
+                query.shape[1] != value.shape[1]):
+            raise ValueError(
+                "A decoding call is self-attention: `query` and `value` must have the "
+                f"same length. Received: query.shape={tuple(query.shape)}, "
+                f"value.shape={tuple(value.shape)}")
+        if self.value_dim != self.key_dim:
+            raise ValueError(
+                f"The decoding cache stacks keys and values: {name} needs value_dim == "
+                f"key_dim. Received: key_dim={self.key_dim}, value_dim={self.value_dim}")
+        cache = self._check_cache(cache, query.shape[0])
+        index = _check_cache_index(index, query.shape[1],
+                                   cache.shape[2] if self.cache_length_free else None)
+        q = self._query_dense(query)
+        k = self._key_dense(value)
+        v = self._value_dense(value)
+        if self.rotary_max_wavelength is not None:
+            q = la_ops.apply_rotary(q, self.rotary_max_wavelength, start=index)
+            k = la_ops.apply_rotary(k, self.rotary_max_wavelength, start=index)
+        cache = ops.cast(cache, k.dtype)
+        out, cache = self._decode(q, k, v, cache, index, training)
+        self.last_implementation = "decode"
+        return self._output_dense(out), cache
+
     # ------------------------------------------------------------ validation
     def _validate_call(
         self, query, value, key, query_mask, value_mask, key_mask, attention_mask
@@ -803,6 +927,8 @@ class BaseAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
     ):
         out = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape),
@@ -814,6 +940,8 @@ class BaseAttention(keras.layers.Layer):
                 dtype=self.compute_dtype,
             )
             return out, scores
+        if cache is not None:
+            return out, keras.KerasTensor(tuple(cache.shape), dtype=cache.dtype)
         return out
 
     # ---------------------------------------------------------------- config
@@ -898,6 +1026,38 @@ def _check_output_shape(output_shape):
     if not dims:
         raise ValueError(message)
     return tuple(size(d) for d in dims)
+
+
+def _check_cache_index(index, new_tokens, max_length):
+    """``cache_update_index`` as an int32 scalar tensor; a Python int (or a
+    concrete tensor) outside the cache is a ValueError naming it."""
+    value = None
+    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        value = int(index)
+    elif isinstance(index, bool) or isinstance(index, (float, str)):
+        raise ValueError(
+            "`cache_update_index` must be an int or a scalar integer tensor. "
+            f"Received: cache_update_index={index!r}")
+    else:
+        index = ops.convert_to_tensor(index)
+        if len(index.shape) != 0 or "int" not in keras.backend.standardize_dtype(index.dtype):
+            raise ValueError(
+                "`cache_update_index` must be an int or a scalar integer tensor. "
+                f"Received: cache_update_index with shape {tuple(index.shape)} and dtype "
+                f"{keras.backend.standardize_dtype(index.dtype)}")
+        try:
+            value = int(ops.convert_to_numpy(index))
+        except Exception:  # traced: checked by the caller's shapes only
+            value = None
+    if value is not None:
+        limit = None if max_length is None or new_tokens is None else max_length - new_tokens
+        if value < 0 or (limit is not None and value > limit):
+            room = "" if limit is None else f" and at most {limit} (cache length {max_length} " \
+                f"- {new_tokens} new tokens)"
+            raise ValueError(
+                f"`cache_update_index` must be at least 0{room}. "
+                f"Received: cache_update_index={value}")
+    return ops.cast(index, "int32")
 
 
 def _as_tensor(mask):

@@ -70,3 +70,27 @@ class FullAttention(BaseAttention):
 
     def full_attention_limit(self, sequence_length):
         return {}, 1e-6
+
+    # -------------------------------------------------------------- decoding
+    def decode_refusal(self):
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, 2, max_length, num_heads, key_dim)``: the keys
+        (``[:, 0]``) and values (``[:, 1]``) of every position, as
+        keras-hub's ``CachedMultiHeadAttention`` keeps them."""
+        return (batch_size, 2, max_length, self.num_heads, self.key_dim)
+
+    def _decode(self, query, key, value, cache, index, training):
+        """Writes the new keys and values at ``index`` and attends the new
+        queries to every cached position up to their own."""
+        T, S = query.shape[1], cache.shape[2]
+        start = (0, index, 0, 0)
+        keys = ops.slice_update(cache[:, 0], start, key)
+        values = ops.slice_update(cache[:, 1], start, value)
+        q_pos = index + ops.arange(T, dtype="int32")
+        visible = ops.arange(S, dtype="int32")[None, :] <= q_pos[:, None]  # (T, S)
+        out = la_ops.reference_attention(
+            query, keys, values, mask=visible[None], scale=self._inverse_sqrt_key_dim,
+            dropout_fn=self._dropout_fn(training))
+        return out, ops.stack([keys, values], axis=1)

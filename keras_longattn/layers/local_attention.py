@@ -2,6 +2,7 @@
 
 
 import keras
+from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
@@ -201,6 +202,58 @@ class LocalAttention(BaseAttention):
             dropout_fn=None if fused else self._dropout_fn(context.training),
             fused=fused,
         )
+
+    # -------------------------------------------------------------- decoding
+    cache_length_free = False
+
+    def decode_refusal(self):
+        return None
+
+    def _ring_length(self):
+        return max(1, self.extents(True)[0])
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, 2, look_back, num_heads, key_dim)``: a ring of the
+        keys (``[:, 0]``) and values (``[:, 1]``) of the last ``look_back``
+        positions (of a causal call; at least 1), whatever ``max_length``:
+        position ``p`` is in slot ``p mod look_back``."""
+        return (batch_size, 2, self._ring_length(), self.num_heads, self.key_dim)
+
+    def _decode(self, query, key, value, cache, index, training):
+        """The new queries against the ring (the ``W`` positions before
+        ``index``, put in order) and the new keys: one new token attends
+        ``W + 1`` keys directly (O(w) work); more run the blocked band over
+        the ``W + T`` keys (O((W + T) * w)). The ring then keeps the last
+        ``W`` of them."""
+        look_back = self.extents(True)[0]
+        W, T = cache.shape[2], query.shape[1]
+        order = ops.mod(index + ops.arange(W, dtype="int32"), W)  # positions index - W ..
+        keys = ops.concatenate([ops.take(cache[:, 0], order, axis=1), key], axis=1)
+        values = ops.concatenate([ops.take(cache[:, 1], order, axis=1), value], axis=1)
+        k_pos = index - W + ops.arange(keys.shape[1], dtype="int32")
+        written = k_pos >= 0
+        if T == 1:
+            q_pos = index + ops.arange(1, dtype="int32")
+            visible = ops.logical_and(written[None, :], k_pos[None, :] >= q_pos[:, None] - look_back)
+            out = la_ops.reference_attention(
+                query, keys, values, mask=visible[None], scale=self._inverse_sqrt_key_dim,
+                dropout_fn=self._dropout_fn(training))
+        else:
+            # The new queries are the last T of W + T positions in order.
+            padded = ops.concatenate(
+                [ops.zeros((ops.shape(query)[0], W) + tuple(query.shape[2:]), query.dtype),
+                 query], axis=1)
+            key_mask = ops.broadcast_to(written[None, :], (ops.shape(query)[0], W + T))
+            out = la_ops.local_attention(
+                padded, keys, values, look_back, 0, block_size=self.block_size,
+                key_mask=key_mask, scale=self._inverse_sqrt_key_dim,
+                dropout_fn=self._dropout_fn(training))[:, W:]
+        # Slot s keeps the one of the last W positions that is s mod W.
+        first = index + T - W
+        slots = ops.mod(ops.arange(W, dtype="int32") - first, W)
+        ring_k = ops.take(keys[:, T:], slots, axis=1)
+        ring_v = ops.take(values[:, T:], slots, axis=1)
+        return out, ops.stack([ring_k, ring_v], axis=1)
 
     def full_attention_limit(self, sequence_length):
         n = int(sequence_length)

@@ -5,13 +5,16 @@ from keras import ops
 from keras_longattn.ops.shapes import length
 
 
-def apply_rotary(x, max_wavelength=10000.0):
+def apply_rotary(x, max_wavelength=10000.0, start=0):
     """Rotates pairs of features of ``x`` by position-dependent angles.
 
     Args:
-        x: ``(B, n, H, d)`` with ``d`` even; position ``i`` is the index
-            along axis 1.
+        x: ``(B, n, H, d)`` with ``d`` even; the entry at index ``i`` along
+            axis 1 is at position ``start + i``.
         max_wavelength: the longest wavelength. Defaults to 10000.
+        start: the position of the first entry (an int or a scalar integer
+            tensor, e.g. a decoding cache's ``cache_update_index``).
+            Defaults to 0.
 
     Returns:
         A tensor like ``x``. The dot product of a rotated query at ``i`` and
@@ -24,7 +27,8 @@ def apply_rotary(x, max_wavelength=10000.0):
     freq = ops.power(
         float(max_wavelength), -ops.arange(half, dtype="float32") / float(half)
     )
-    angles = ops.arange(n, dtype="float32")[:, None] * freq[None, :]  # (n, d/2)
+    positions = ops.arange(n, dtype="float32") + ops.cast(start, "float32")
+    angles = positions[:, None] * freq[None, :]  # (n, d/2)
     cos = ops.cast(ops.cos(angles), x.dtype)[None, :, None, :]
     sin = ops.cast(ops.sin(angles), x.dtype)[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]

@@ -1,0 +1,139 @@
+"""Decoding with a cache (keras-hub's convention: ``cache`` and
+``cache_update_index``, the layer returns ``(output, cache)``): a prompt
+prefilled in one call, then the rest token by token or a few at a time,
+gives the outputs of one causal forward pass over the whole sequence, on
+every backend (also across the window edge and after Local's ring wraps,
+with rotary positions, and under JAX's and TensorFlow's compilers)."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_longattn.layers import FullAttention
+from keras_longattn.layers import LocalAttention
+from keras_longattn.layers import LSHAttention
+
+B, N, DIM, H, D = 2, 13, 16, 2, 8
+#: Largest absolute difference from the full forward pass (float32).
+TOL = 2e-5
+BACKEND = keras.backend.backend()
+
+
+def _inputs(seed=0):
+    return np.random.default_rng(seed).normal(size=(B, N, DIM)).astype("float32")
+
+
+def _layer(kind, **kwargs):
+    keras.utils.set_random_seed(0)
+    if kind == "full":
+        layer = FullAttention(num_heads=H, key_dim=D, **kwargs)
+    else:
+        layer = LocalAttention(num_heads=H, key_dim=D, window=4, **kwargs)
+    x = _inputs()
+    layer(x, x, use_causal_mask=True)
+    return layer
+
+
+def _decode(layer, x, chunks):
+    """Outputs of decoding ``x`` in chunks of the given sizes."""
+    cache = layer.init_cache(B, N)
+    outs, index = [], 0
+    for size in chunks:
+        part = x[:, index:index + size]
+        out, cache = layer(part, part, use_causal_mask=True, cache=cache,
+                           cache_update_index=index)
+        assert layer.last_implementation == "decode"
+        assert tuple(cache.shape) == tuple(layer.cache_shape(B, N))
+        outs.append(keras.ops.convert_to_numpy(out))
+        index += size
+    return np.concatenate(outs, axis=1)
+
+
+SCHEDULES = {
+    "prefill-then-steps": [5] + [1] * 8,
+    "steps-only": [1] * N,
+    "chunks-across-the-ring": [3, 2, 4, 1, 3],
+    "one-call": [N],
+}
+
+
+CASES = [(schedule, None) for schedule in sorted(SCHEDULES)] + [
+    ("prefill-then-steps", 100.0), ("chunks-across-the-ring", 100.0)]
+
+
+@pytest.mark.parametrize("schedule,rotary", CASES,
+                         ids=[f"{s}-{'rotary' if r else 'plain'}" for s, r in CASES])
+@pytest.mark.parametrize("kind", ["full", "local"])
+def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):
+    layer = _layer(kind, rotary_max_wavelength=rotary)
+    x = _inputs(1)
+    expected = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
+    got = _decode(layer, x, SCHEDULES[schedule])
+    np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
+
+
+def test_local_cache_is_a_ring_of_the_window():
+    layer = _layer("local")
+    full = _layer("full")
+    assert layer.cache_shape(B, 32768) == (B, 2, 3, H, D)  # look_back = window - 1
+    assert full.cache_shape(B, 32768) == (B, 2, 32768, H, D)
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
+@pytest.mark.parametrize("kind", ["full", "local"])
+def test_compiled_step_with_a_traced_index(kind):
+    """One compiled step function (the index traced, the cache of fixed
+    size) serves every position."""
+    layer = _layer(kind)
+    x = _inputs(2)
+    expected = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
+
+    def step(token, cache, index):
+        return layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
+
+    if BACKEND == "jax":
+        import jax
+
+        compiled = jax.jit(step)
+    else:
+        import tensorflow as tf
+
+        compiled = tf.function(step, jit_compile=True)
+    cache = layer.init_cache(B, N)
+    outs = []
+    for i in range(N):
+        out, cache = compiled(x[:, i:i + 1], cache, keras.ops.convert_to_tensor(i, "int32"))
+        outs.append(keras.ops.convert_to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), expected, atol=TOL, rtol=0)
+
+
+def test_bad_decoding_calls_are_refused():
+    layer = _layer("local")
+    full = _layer("full")
+    x = _inputs()[:, :1]
+    cache = layer.init_cache(B, N)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(x, x, use_causal_mask=True, cache=cache, cache_update_index=-1)
+    with pytest.raises(ValueError, match=r"cache_update_index.*at most 12"):
+        full(x, x, use_causal_mask=True, cache=full.init_cache(B, N), cache_update_index=13)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(x, x, use_causal_mask=True, cache=cache, cache_update_index=1.5)
+    with pytest.raises(ValueError, match="Received: cache.shape"):
+        layer(x, x, use_causal_mask=True, cache=full.init_cache(B, N), cache_update_index=0)
+    with pytest.raises(ValueError, match="use_causal_mask"):
+        layer(x, x, cache=cache, cache_update_index=0)
+    with pytest.raises(ValueError, match="cache_update_index=None"):
+        layer(x, x, use_causal_mask=True, cache=cache)
+    with pytest.raises(ValueError, match="value_mask"):
+        layer(x, x, use_causal_mask=True, cache=cache, cache_update_index=0,
+              value_mask=np.ones((B, 1), bool))
+    with pytest.raises(ValueError, match="value_dim"):
+        other = FullAttention(num_heads=H, key_dim=D, value_dim=4)
+        other(_inputs(), _inputs())
+        other(x, x, use_causal_mask=True, cache=other.init_cache(B, N), cache_update_index=0)
+    lsh = LSHAttention(num_heads=H, key_dim=D, bucket_size=4)
+    lsh(_inputs(), _inputs())
+    with pytest.raises(ValueError, match="no decoding cache"):
+        lsh.init_cache(B, N)
+    with pytest.raises(ValueError, match="no decoding cache"):
+        lsh(x, x, use_causal_mask=True, cache=cache, cache_update_index=0)
