@@ -128,8 +128,17 @@ class BaseAttention(keras.layers.Layer):
         seed: seed of the attention dropout. Defaults to None.
         rotary_max_wavelength: when set, rotary position embeddings
             (Su et al. 2021) with this maximum wavelength are applied to the
-            projected queries and keys (positions ``0..n-1``). Defaults to
-            None (no positions inside the layer).
+            projected queries and keys (positions ``0..n-1``, or from
+            ``cache_update_index`` when decoding). Defaults to None (no
+            positions inside the layer).
+        num_key_value_heads: grouped-query attention: the number of key and
+            value heads (it must divide ``num_heads``; 1 is multi-query
+            attention). Each serves ``num_heads / num_key_value_heads``
+            consecutive query heads, as in
+            ``keras.layers.GroupQueryAttention``; the attention is that of
+            ``num_heads`` heads with the key and value heads repeated, and a
+            decoding cache holds the ``num_key_value_heads`` heads only.
+            Defaults to ``num_heads``.
         **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``).
 
     Call arguments:
@@ -202,6 +211,7 @@ class BaseAttention(keras.layers.Layer):
         implementation="auto",
         seed=None,
         rotary_max_wavelength=None,
+        num_key_value_heads=None,
         **kwargs,
     ):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
@@ -211,6 +221,15 @@ class BaseAttention(keras.layers.Layer):
         self.value_dim = (
             self.key_dim if value_dim is None else _positive_int("value_dim", value_dim)
         )
+        if num_key_value_heads is None:
+            num_key_value_heads = self.num_heads
+        num_key_value_heads = _positive_int("num_key_value_heads", num_key_value_heads)
+        if self.num_heads % num_key_value_heads:
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads` (each key/value head "
+                f"serves num_heads / num_key_value_heads query heads). Received: "
+                f"num_heads={self.num_heads}, num_key_value_heads={num_key_value_heads}")
+        self.num_key_value_heads = num_key_value_heads
         if (
             isinstance(dropout, bool)
             or not isinstance(dropout, numbers.Real)
@@ -303,9 +322,10 @@ class BaseAttention(keras.layers.Layer):
             **self._sublayer_kwargs(),
         )
         self._query_dense.build(query_shape)
+        H_kv = self.num_key_value_heads
         self._key_dense = keras.layers.EinsumDense(
             "abc,cde->abde",
-            output_shape=(None, H, self.key_dim),
+            output_shape=(None, H_kv, self.key_dim),
             bias_axes="de" if self.use_bias else None,
             name="key",
             **self._sublayer_kwargs(),
@@ -313,7 +333,7 @@ class BaseAttention(keras.layers.Layer):
         self._key_dense.build(key_shape)
         self._value_dense = keras.layers.EinsumDense(
             "abc,cde->abde",
-            output_shape=(None, H, self.value_dim),
+            output_shape=(None, H_kv, self.value_dim),
             bias_axes="de" if self.use_bias else None,
             name="value",
             **self._sublayer_kwargs(),
@@ -564,6 +584,7 @@ class BaseAttention(keras.layers.Layer):
         if self.rotary_max_wavelength is not None:
             q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
             k = la_ops.apply_rotary(k, self.rotary_max_wavelength)
+        k, v = self.expand_key_value_heads(k), self.expand_key_value_heads(v)
         context = AttentionContext(
             padding=la_ops.PaddingMask(query_padding, key_padding),
             causal=bool(use_causal_mask),
@@ -642,8 +663,9 @@ class BaseAttention(keras.layers.Layer):
 
         Args:
             query: ``(B, T, num_heads, key_dim)``.
-            key: ``(B, S, num_heads, key_dim)``.
-            value: ``(B, S, num_heads, value_dim)``.
+            key: ``(B, S, num_key_value_heads, key_dim)`` (repeated to
+                ``num_heads`` heads, see :meth:`expand_key_value_heads`).
+            value: ``(B, S, num_key_value_heads, value_dim)``.
             query_mask: optional boolean ``(B, T)``, False for padding
                 (padded query heads enter as zeros).
             key_mask: optional boolean ``(B, S)``, False for padding
@@ -662,17 +684,18 @@ class BaseAttention(keras.layers.Layer):
                 "layer once or build it first"
             )
         query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
-        expected = (self.num_heads, self.key_dim)
+        H_kv = self.num_key_value_heads
         for name, x, dims in (
-            ("query", query, expected),
-            ("key", key, expected),
-            ("value", value, (self.num_heads, self.value_dim)),
+            ("query", query, (self.num_heads, self.key_dim)),
+            ("key", key, (H_kv, self.key_dim)),
+            ("value", value, (H_kv, self.value_dim)),
         ):
             if len(x.shape) != 4 or tuple(x.shape[2:]) != dims:
                 raise ValueError(
                     f"`{name}` must have shape (batch, length, {dims[0]}, "
                     f"{dims[1]}). Received: {name}.shape={tuple(x.shape)}"
                 )
+        key, value = self.expand_key_value_heads(key), self.expand_key_value_heads(value)
         if _empty_call(query, key):
             # Nothing to attend to or from: (B, T, H, dv) zeros, no path.
             self.last_implementation = "empty"
@@ -743,6 +766,13 @@ class BaseAttention(keras.layers.Layer):
         if context.return_scores:
             return out, weights
         return out
+
+    def expand_key_value_heads(self, x):
+        """Projected key or value heads ``(B, S, num_key_value_heads, d)``
+        repeated to ``(B, S, num_heads, d)`` (each key/value head serving
+        its group of consecutive query heads); unchanged without grouping."""
+        repeats = self.num_heads // self.num_key_value_heads
+        return x if repeats == 1 else ops.repeat(x, repeats, axis=2)
 
     # -------------------------------------------------------------- decoding
     def decode_refusal(self):
@@ -965,6 +995,7 @@ class BaseAttention(keras.layers.Layer):
                 "implementation": self.implementation,
                 "seed": self.seed,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
+                "num_key_value_heads": self.num_key_value_heads,
             }
         )
         return config
@@ -988,14 +1019,70 @@ class BaseAttention(keras.layers.Layer):
         config = mha.get_config()
         args = {k: config[k] for k in _MHA_CONFIG_KEYS if k in config}
         args.update(kwargs)
-        layer = cls(**args)
+        return cls._with_weights_of(mha, args, config.get("sliding_window"))
+
+    @classmethod
+    def from_grouped_query_attention(cls, gqa, **kwargs):
+        """Builds a layer of this class with the weights of a built
+        ``keras.layers.GroupQueryAttention`` (``num_query_heads`` heads of
+        ``head_dim``, ``num_key_value_heads`` key/value heads).
+
+        A ``sliding_window`` of ``gqa`` is mapped as by
+        :meth:`from_multi_head_attention`; a gated ``gqa``
+        (``use_gate=True``) is refused.
+        """
+        if not gqa.built:
+            raise ValueError(
+                "`gqa` must be built (called once) before its weights can be "
+                f"copied. Received: gqa={gqa.name!r} (not built)"
+            )
+        config = gqa.get_config()
+        if config.get("use_gate"):
+            raise ValueError(
+                "keras_longattn layers have no output gate: a GroupedQueryAttention "
+                "with use_gate=True cannot be copied. Received: use_gate=True")
+        args = {
+            "num_heads": config["num_query_heads"],
+            "key_dim": config["head_dim"],
+            "num_key_value_heads": config["num_key_value_heads"],
+        }
+        for name in _MHA_CONFIG_KEYS:
+            if name in config and name not in ("num_heads", "key_dim", "value_dim",
+                                               "output_shape"):
+                args[name] = config[name]
+        args.update(kwargs)
+        return cls._with_weights_of(gqa, args, config.get("sliding_window"))
+
+    @classmethod
+    def _with_weights_of(cls, source, args, sliding_window):
+        """A layer of ``cls`` (LocalAttention for FullAttention with a
+        sliding window) from ``args``, built and holding ``source``'s
+        weights."""
+        target = cls
+        if sliding_window is not None:
+            from keras_longattn.layers.local_attention import LocalAttention
+
+            if cls in (BaseAttention,) or cls.__name__ == "FullAttention":
+                target = LocalAttention
+            if not issubclass(target, LocalAttention):
+                raise ValueError(
+                    f"The source layer attends within sliding_window={sliding_window} "
+                    f"positions, which is LocalAttention's pattern, not "
+                    f"{cls.__name__}'s: use LocalAttention (or FullAttention, which "
+                    "maps it to LocalAttention). "
+                    f"Received: sliding_window={sliding_window}")
+            # |i - j| <= sliding_window - 1, as Keras's band.
+            reach = int(sliding_window) - 1
+            args = {"window": 2 * reach + 1, "look_back": reach, "look_ahead": reach,
+                    **args}
+        layer = target(**args)
         dims = [
-            mha._query_dense.kernel.shape[0],
-            mha._value_dense.kernel.shape[0],
-            mha._key_dense.kernel.shape[0],
+            source._query_dense.kernel.shape[0],
+            source._value_dense.kernel.shape[0],
+            source._key_dense.kernel.shape[0],
         ]
         layer.build(*[(None, None, int(d)) for d in dims])
-        layer.set_weights(mha.get_weights())
+        layer.set_weights(source.get_weights())
         return layer
 
 

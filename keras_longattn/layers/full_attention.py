@@ -76,10 +76,10 @@ class FullAttention(BaseAttention):
         return None
 
     def cache_shape(self, batch_size, max_length):
-        """``(batch_size, 2, max_length, num_heads, key_dim)``: the keys
+        """``(batch_size, 2, max_length, num_key_value_heads, key_dim)``: the keys
         (``[:, 0]``) and values (``[:, 1]``) of every position, as
         keras-hub's ``CachedMultiHeadAttention`` keeps them."""
-        return (batch_size, 2, max_length, self.num_heads, self.key_dim)
+        return (batch_size, 2, max_length, self.num_key_value_heads, self.key_dim)
 
     def _decode(self, query, key, value, cache, index, training):
         """Writes the new keys and values at ``index`` and attends the new
@@ -91,6 +91,7 @@ class FullAttention(BaseAttention):
         q_pos = index + ops.arange(T, dtype="int32")
         visible = ops.arange(S, dtype="int32")[None, :] <= q_pos[:, None]  # (T, S)
         out = la_ops.reference_attention(
-            query, keys, values, mask=visible[None], scale=self._inverse_sqrt_key_dim,
+            query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
+            mask=visible[None], scale=self._inverse_sqrt_key_dim,
             dropout_fn=self._dropout_fn(training))
         return out, ops.stack([keys, values], axis=1)

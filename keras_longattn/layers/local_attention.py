@@ -213,11 +213,11 @@ class LocalAttention(BaseAttention):
         return max(1, self.extents(True)[0])
 
     def cache_shape(self, batch_size, max_length):
-        """``(batch_size, 2, look_back, num_heads, key_dim)``: a ring of the
+        """``(batch_size, 2, look_back, num_key_value_heads, key_dim)``: a ring of the
         keys (``[:, 0]``) and values (``[:, 1]``) of the last ``look_back``
         positions (of a causal call; at least 1), whatever ``max_length``:
         position ``p`` is in slot ``p mod look_back``."""
-        return (batch_size, 2, self._ring_length(), self.num_heads, self.key_dim)
+        return (batch_size, 2, self._ring_length(), self.num_key_value_heads, self.key_dim)
 
     def _decode(self, query, key, value, cache, index, training):
         """The new queries against the ring (the ``W`` positions before
@@ -236,7 +236,8 @@ class LocalAttention(BaseAttention):
             q_pos = index + ops.arange(1, dtype="int32")
             visible = ops.logical_and(written[None, :], k_pos[None, :] >= q_pos[:, None] - look_back)
             out = la_ops.reference_attention(
-                query, keys, values, mask=visible[None], scale=self._inverse_sqrt_key_dim,
+                query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
+                mask=visible[None], scale=self._inverse_sqrt_key_dim,
                 dropout_fn=self._dropout_fn(training))
         else:
             # The new queries are the last T of W + T positions in order.
@@ -245,7 +246,8 @@ class LocalAttention(BaseAttention):
                  query], axis=1)
             key_mask = ops.broadcast_to(written[None, :], (ops.shape(query)[0], W + T))
             out = la_ops.local_attention(
-                padded, keys, values, look_back, 0, block_size=self.block_size,
+                padded, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
+                look_back, 0, block_size=self.block_size,
                 key_mask=key_mask, scale=self._inverse_sqrt_key_dim,
                 dropout_fn=self._dropout_fn(training))[:, W:]
         # Slot s keeps the one of the last W positions that is s mod W.

@@ -724,6 +724,7 @@ class RoutingAttention(BaseAttention):
         if self.rotary_max_wavelength is not None:
             q = la_ops.apply_rotary(q, self.rotary_max_wavelength)
             k = la_ops.apply_rotary(k, self.rotary_max_wavelength)
+        k = self.expand_key_value_heads(k)
         key_padding = la_ops.combine_dense_masks(value_mask, key_mask)
         q_padding = None if query_mask is None else ops.cast(query_mask, "bool")
         T, S = q.shape[1], k.shape[1]
