@@ -825,6 +825,10 @@ class BaseAttention(keras.layers.Layer):
                 f"Received: cache.dtype={keras.backend.standardize_dtype(cache.dtype)}")
         return cache
 
+    #: Whether the cache stacks keys and values on its axis 1 (which needs
+    #: ``value_dim == key_dim``).
+    cache_stacks_key_value = True
+
     #: Whether the cache's sequence axis is the maximum length (a full
     #: cache) rather than a size the layer fixes (a ring of the window).
     cache_length_free = True
@@ -871,7 +875,7 @@ class BaseAttention(keras.layers.Layer):
                 "A decoding call is self-attention: `query` and `value` must have the "
                 f"same length. Received: query.shape={tuple(query.shape)}, "
                 f"value.shape={tuple(value.shape)}")
-        if self.value_dim != self.key_dim:
+        if self.cache_stacks_key_value and self.value_dim != self.key_dim:
             raise ValueError(
                 f"The decoding cache stacks keys and values: {name} needs value_dim == "
                 f"key_dim. Received: key_dim={self.key_dim}, value_dim={self.value_dim}")
@@ -884,7 +888,6 @@ class BaseAttention(keras.layers.Layer):
         if self.rotary_max_wavelength is not None:
             q = la_ops.apply_rotary(q, self.rotary_max_wavelength, start=index)
             k = la_ops.apply_rotary(k, self.rotary_max_wavelength, start=index)
-        cache = ops.cast(cache, k.dtype)
         out, cache = self._decode(q, k, v, cache, index, training)
         self.last_implementation = "decode"
         return self._output_dense(out), cache

@@ -85,6 +85,7 @@ class FullAttention(BaseAttention):
         """Writes the new keys and values at ``index`` and attends the new
         queries to every cached position up to their own."""
         T, S = query.shape[1], cache.shape[2]
+        cache = ops.cast(cache, key.dtype)
         start = (0, index, 0, 0)
         keys = ops.slice_update(cache[:, 0], start, key)
         values = ops.slice_update(cache[:, 1], start, value)

@@ -198,6 +198,31 @@ class LinearAttention(BaseAttention):
         """None: no feature map of this family gives softmax attention."""
         return None
 
+    # -------------------------------------------------------------- decoding
+    cache_length_free = False
+    cache_stacks_key_value = False
+
+    def decode_refusal(self):
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, num_heads, key_dim, value_dim + 1)``: the recurrent
+        state ``[sum_j phi(k_j) v_j^T | sum_j phi(k_j)]`` of each head
+        (float32), the same size whatever ``max_length``."""
+        return (batch_size, self.num_heads, self.key_dim, self.value_dim + 1)
+
+    def init_cache(self, batch_size, max_length, dtype="float32"):
+        """An empty state (float32: the sums overflow float16)."""
+        return super().init_cache(batch_size, max_length, dtype=dtype)
+
+    def _decode(self, query, key, value, cache, index, training):
+        """The new tokens by the chunked prefix sums, starting from the
+        state: O(T * (C + d * dv)) work, O(1) memory in the context."""
+        return kernelized.causal_kernel_attention(
+            self.features(query), self.features(self.expand_key_value_heads(key)),
+            self.expand_key_value_heads(value), chunk_size=self.chunk_size,
+            epsilon=self.epsilon, initial_state=cache, return_state=True)
+
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -226,6 +226,7 @@ class LocalAttention(BaseAttention):
         the ``W + T`` keys (O((W + T) * w)). The ring then keeps the last
         ``W`` of them."""
         look_back = self.extents(True)[0]
+        cache = ops.cast(cache, key.dtype)
         W, T = cache.shape[2], query.shape[1]
         order = ops.mod(index + ops.arange(W, dtype="int32"), W)  # positions index - W ..
         keys = ops.concatenate([ops.take(cache[:, 0], order, axis=1), key], axis=1)

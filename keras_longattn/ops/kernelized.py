@@ -206,6 +206,8 @@ def causal_kernel_attention(
     key_mask=None,
     chunk_size=DEFAULT_CHUNK_SIZE,
     epsilon=DEFAULT_EPSILON,
+    initial_state=None,
+    return_state=False,
 ):
     """Causal kernelized attention by chunked prefix sums.
 
@@ -229,9 +231,14 @@ def causal_kernel_attention(
         chunk_size: positions per chunk (>= 1); capped at ``max(L, 1)``
             when the lengths are static.
         epsilon: smallest divisor.
+        initial_state: optional float32 ``(B, H, F, dv + 1)``: the sums
+            ``[S | z]`` of keys before these (a decoding state), which every
+            query also sees.
+        return_state: also return the state after these keys
+            (``initial_state`` plus their sums).
 
     Returns:
-        ``(B, T, H, dv)`` in the dtype of ``value``.
+        ``(B, T, H, dv)`` in the dtype of ``value`` (and the state).
     """
     chunk_size = check_chunk_size(chunk_size)
     dtype = value.dtype
@@ -262,14 +269,27 @@ def causal_kernel_attention(
     weights = ops.matmul(q, ops.swapaxes(k, -1, -2)) * lower  # (B, H, N, C, C)
     out = ops.matmul(weights, v1)  # (B, H, N, C, dv + 1)
     # Earlier chunks: chunk c reads the inclusive prefix sum of the
-    # summaries of chunks 0..c-1 (chunk 0 reads nothing); only N - 1
-    # prefixes are formed.
-    summary = ops.matmul(ops.swapaxes(k[:, :, :-1], -1, -2), v1[:, :, :-1])
-    summary = ops.cumsum(summary, axis=2)  # (B, H, N - 1, F, dv + 1)
-    past = ops.matmul(q[:, :, 1:], summary)  # (B, H, N - 1, C, dv + 1)
-    out = out + ops.concatenate([ops.zeros_like(out[:, :, :1]), past], axis=2)
+    # summaries of chunks 0..c-1 (chunk 0 reads nothing, or the initial
+    # state); without a state to return only N - 1 prefixes are formed.
+    if initial_state is None and not return_state:
+        summary = ops.matmul(ops.swapaxes(k[:, :, :-1], -1, -2), v1[:, :, :-1])
+        summary = ops.cumsum(summary, axis=2)  # (B, H, N - 1, F, dv + 1)
+        past = ops.matmul(q[:, :, 1:], summary)  # (B, H, N - 1, C, dv + 1)
+        out = out + ops.concatenate([ops.zeros_like(out[:, :, :1]), past], axis=2)
+        state = None
+    else:
+        summary = ops.cumsum(ops.matmul(ops.swapaxes(k, -1, -2), v1), axis=2)  # (B, H, N, F, dv+1)
+        state = summary[:, :, -1]
+        before = ops.concatenate([ops.zeros_like(summary[:, :, :1]), summary[:, :, :-1]], axis=2)
+        if initial_state is not None:
+            initial = ops.cast(initial_state, "float32")
+            before = before + initial[:, :, None]
+            state = state + initial
+        out = out + ops.matmul(q, before)
     out = out[..., :dv] / safe_denominator(out[..., dv:], epsilon)
     out = ops.transpose(ops.reshape(out, (B, H, padded, dv)), (0, 2, 1, 3))[:, :T]
+    if return_state:
+        return ops.cast(out, dtype), state
     return ops.cast(out, dtype)
 
 

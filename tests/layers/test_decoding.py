@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from keras_longattn.layers import FullAttention
+from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LSHAttention
 
@@ -27,6 +28,8 @@ def _layer(kind, **kwargs):
     keras.utils.set_random_seed(0)
     if kind == "full":
         layer = FullAttention(num_heads=H, key_dim=D, **kwargs)
+    elif kind == "linear":
+        layer = LinearAttention(num_heads=H, key_dim=D, chunk_size=4, **kwargs)
     else:
         layer = LocalAttention(num_heads=H, key_dim=D, window=4, **kwargs)
     x = _inputs()
@@ -63,7 +66,7 @@ CASES = [(schedule, None) for schedule in sorted(SCHEDULES)] + [
 
 @pytest.mark.parametrize("schedule,rotary", CASES,
                          ids=[f"{s}-{'rotary' if r else 'plain'}" for s, r in CASES])
-@pytest.mark.parametrize("kind", ["full", "local"])
+@pytest.mark.parametrize("kind", ["full", "linear", "local"])
 def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):
     layer = _layer(kind, rotary_max_wavelength=rotary)
     x = _inputs(1)
@@ -77,10 +80,13 @@ def test_local_cache_is_a_ring_of_the_window():
     full = _layer("full")
     assert layer.cache_shape(B, 32768) == (B, 2, 3, H, D)  # look_back = window - 1
     assert full.cache_shape(B, 32768) == (B, 2, 32768, H, D)
+    linear = _layer("linear")
+    assert linear.cache_shape(B, 32768) == (B, H, D, D + 1)  # the recurrent state
+    assert keras.backend.standardize_dtype(linear.init_cache(B, 8).dtype) == "float32"
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
-@pytest.mark.parametrize("kind", ["full", "local"])
+@pytest.mark.parametrize("kind", ["full", "linear", "local"])
 def test_compiled_step_with_a_traced_index(kind):
     """One compiled step function (the index traced, the cache of fixed
     size) serves every position."""
