@@ -7,6 +7,8 @@ from keras import ops
 
 from keras_longattn._validation import optional_seed as _optional_seed
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn import ops as la_ops
+from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
@@ -324,6 +326,33 @@ class PerformerAttention(BaseAttention):
         if context.return_scores:
             return out, ops.cast(weights, self.compute_dtype)
         return out
+
+    # -------------------------------------------------------------- decoding
+    cache_length_free = False
+    cache_stacks_key_value = False
+
+    def decode_refusal(self):
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, num_heads, num_features, value_dim + 1)``: the
+        recurrent state ``[sum_j phi(k_j) v_j^T | sum_j phi(k_j)]`` of each
+        head (float32; causal features depend on their own token only)."""
+        return (batch_size, self.num_heads, self.num_features, self.value_dim + 1)
+
+    def init_cache(self, batch_size, max_length, dtype="float32"):
+        """An empty state (float32: the sums overflow float16)."""
+        return super().init_cache(batch_size, max_length, dtype=dtype)
+
+    def _decode(self, query, key, value, cache, index, training):
+        """The new tokens by the chunked prefix sums, from the state, with
+        the causal features of the current random rows."""
+        context = AttentionContext(padding=la_ops.PaddingMask(), causal=True)
+        qf, kf = self.features(query, self.expand_key_value_heads(key), context,
+                               self.projection(training))
+        return kernelized.causal_kernel_attention(
+            qf, kf, self.expand_key_value_heads(value), chunk_size=self.chunk_size,
+            epsilon=self.epsilon, initial_state=cache, return_state=True)
 
     def full_attention_limit(self, sequence_length):
         """Many features: with ``num_features=16384`` the layer estimates

@@ -11,6 +11,7 @@ import pytest
 
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinearAttention
+from keras_longattn.layers import PerformerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LSHAttention
 
@@ -28,6 +29,9 @@ def _layer(kind, **kwargs):
     keras.utils.set_random_seed(0)
     if kind == "full":
         layer = FullAttention(num_heads=H, key_dim=D, **kwargs)
+    elif kind == "performer":
+        layer = PerformerAttention(num_heads=H, key_dim=D, num_features=16, chunk_size=4,
+                                   seed=3, **kwargs)
     elif kind == "linear":
         layer = LinearAttention(num_heads=H, key_dim=D, chunk_size=4, **kwargs)
     else:
@@ -66,7 +70,7 @@ CASES = [(schedule, None) for schedule in sorted(SCHEDULES)] + [
 
 @pytest.mark.parametrize("schedule,rotary", CASES,
                          ids=[f"{s}-{'rotary' if r else 'plain'}" for s, r in CASES])
-@pytest.mark.parametrize("kind", ["full", "linear", "local"])
+@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
 def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):
     layer = _layer(kind, rotary_max_wavelength=rotary)
     x = _inputs(1)
@@ -86,7 +90,7 @@ def test_local_cache_is_a_ring_of_the_window():
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
-@pytest.mark.parametrize("kind", ["full", "linear", "local"])
+@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
 def test_compiled_step_with_a_traced_index(kind):
     """One compiled step function (the index traced, the cache of fixed
     size) serves every position."""
