@@ -15,7 +15,13 @@ the layer itself, the content-based recall task and the notebook's claims.
   at a random place, so that finding it needs a query-key comparison.
 * :func:`parameter_counts`: trainable parameters of a model, and those of
   its attention projections that its kinds never read.
+* :func:`probe_kinds`, :func:`training_changes`, :func:`run_recall` and
+  :func:`run_lm`: the notebook's measurements and training loops (the
+  notebook calls them; ``classes`` builds an arm with another layer class).
 * :func:`synthesizer_claims`: the notebook's claims from its results.
+* :data:`PLANTED`: broken variants of the layer trained through the same
+  functions at a small size, each failing the claims it targets
+  (``tests/notebooks/test_planted_real.py``).
 
 The kinds are the strings of ``SynthesizerAttention(kind=...)``;
 ``"vanilla"`` is dot-product attention (the paper's Transformer).
@@ -23,30 +29,50 @@ The kinds are the strings of ``SynthesizerAttention(kind=...)``;
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import time
 from typing import Mapping
 
+import keras
 import numpy as np
+from keras import ops
 
+from keras_longattn.layers import SynthesizerAttention
 from keras_longattn.reproductions import claims as cl
+from keras_longattn.reproductions import planted
 
 __all__ = [
+    "KINDS",
     "MIXTURES",
     "PAPER",
+    "PLANTED",
     "PURE_SYNTHETIC",
+    "Runs",
     "build_pair_recall_model",
+    "compile_model",
     "frequency_guess_accuracy",
-    "make_pair_recall",
     "freeze_unread_projections",
+    "lm_ranks",
+    "make_pair_recall",
+    "mixture_of",
     "parameter_counts",
+    "probe_kinds",
     "probe_layer",
+    "recall_test_set",
+    "run_lm",
+    "run_recall",
     "synthesizer_claims",
     "training_change",
+    "training_changes",
 ]
 
 #: The single synthetic kinds (no dot product anywhere).
 PURE_SYNTHETIC = ("dense", "random", "fixed_random", "factorized_dense", "factorized_random")
 #: The mixtures of the paper's Table 2 (the layer's names).
 MIXTURES = ("dense+random", "dense+vanilla", "random+vanilla")
+#: Every kind the notebook measures: vanilla, the synthetic kinds, the mixtures.
+KINDS = ("vanilla",) + PURE_SYNTHETIC + MIXTURES
 #: Kinds whose weights do not read the input at all.
 INPUT_FREE = ("random", "fixed_random", "factorized_random")
 #: Kinds whose row of weights for a query reads that query's token only.
@@ -74,8 +100,6 @@ PAPER = {
 
 
 def _numpy(x):
-    import keras
-
     return np.asarray(keras.ops.convert_to_numpy(x), dtype="float64")
 
 
@@ -159,8 +183,6 @@ def training_change(layer, length, dim, *, steps=3, seed=0, learning_rate=0.05, 
         ``"attention_weights"``: the largest change of the layer's causal
         attention weights on the first training sequence.
     """
-    import keras
-
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(batch, length, dim)).astype("float32")
     y = rng.normal(size=(batch, length, dim)).astype("float32")
@@ -227,8 +249,6 @@ def build_pair_recall_model(attention, num_keys, num_values, length, dim):
     at the last (query) position: logits over the ``num_values`` values.
 
     ``attention`` is a layer instance (called causal)."""
-    import keras
-
     keys = keras.Input((length,), dtype="int32", name="keys")
     values = keras.Input((length,), dtype="int32", name="values")
     x = (keras.layers.Embedding(num_keys, dim, name="key_embedding")(keys)
@@ -262,8 +282,6 @@ def freeze_unread_projections(model_or_layer):
     kind never reads non-trainable (they would get no gradient: the paper's
     Synthesizers have no such projections). Call it on a built model or
     layer, before compiling. Returns the number of parameters frozen."""
-    from keras_longattn.layers import SynthesizerAttention
-
     layers = [model_or_layer] + _all_layers(model_or_layer)
     frozen = 0
     for layer in layers:
@@ -279,8 +297,6 @@ def parameter_counts(model):
     parameters of its SynthesizerAttention layers' query and key
     projections that their kinds never read (frozen by
     :func:`freeze_unread_projections`, or trainable without a gradient)."""
-    from keras_longattn.layers import SynthesizerAttention
-
     trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))
     unread = 0
     for layer in _all_layers(model):
@@ -292,6 +308,256 @@ def parameter_counts(model):
 
 def _all_layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+# ------------------------------------------------- the notebook's training
+
+
+def _attention(kind, num_heads, dim, max_length, classes=None):
+    """One attention layer of ``kind`` (``num_heads`` heads of ``dim //
+    num_heads``), of the class ``classes[kind]`` (default
+    :class:`~keras_longattn.layers.SynthesizerAttention`)."""
+    cls = (classes or {}).get(kind, SynthesizerAttention)
+    return cls(num_heads=num_heads, key_dim=dim // num_heads, kind=kind,
+               max_length=max_length)
+
+
+def probe_kinds(kinds, *, num_heads, length, dim, classes=None):
+    """:func:`probe_layer` of one layer of each kind, built under seed 0
+    with ``max_length = length``.
+
+    Args:
+        kinds: the kinds to probe.
+        num_heads, length, dim: heads, positions and width of the probe.
+        classes: ``{kind: layer class}`` for kinds built by another
+            SynthesizerAttention class (default: the layer itself).
+
+    Returns:
+        ``{kind: probe_layer(...) dict}``.
+    """
+    out = {}
+    for kind in kinds:
+        keras.utils.set_random_seed(0)
+        layer = _attention(kind, num_heads, dim, length, classes)
+        out[kind] = probe_layer(layer, length, dim)
+    return out
+
+
+def training_changes(kinds, *, num_heads, length, dim, steps, classes=None):
+    """:func:`training_change` of one layer of each kind (built under seed
+    0, ``steps`` Adam steps); ``classes`` as in :func:`probe_kinds`.
+
+    Returns:
+        ``{kind: training_change(...) dict}``.
+    """
+    out = {}
+    for kind in kinds:
+        keras.utils.set_random_seed(0)
+        layer = _attention(kind, num_heads, dim, length, classes)
+        out[kind] = training_change(layer, length, dim, steps=steps)
+    return out
+
+
+def compile_model(model, steps, learning_rate):
+    """Compiles ``model`` with Adam (global norm clipped to 1) under a
+    cosine decay from ``learning_rate`` over ``steps`` (to a tenth), and
+    sparse categorical cross-entropy on logits. Returns the model."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        learning_rate, decay_steps=steps, alpha=0.1)
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+class Runs:
+    """One compiled model per kind, restarted for every seed.
+
+    ``start(kind, seed)`` builds a fresh model of ``kind`` under ``seed``
+    (``build(kind)``); the first time for a kind it compiles and keeps it,
+    later it copies the fresh model's weights into the kept one and zeroes
+    its optimizer's variables, so that the train step compiles once per
+    kind, not once per seed. ``models[kind]`` is the kept model.
+    """
+
+    def __init__(self, build, steps, learning_rate):
+        self.build, self.steps, self.models = build, steps, {}
+        self.learning_rate = learning_rate
+
+    def start(self, kind, seed):
+        keras.utils.set_random_seed(seed)
+        fresh = self.build(kind)
+        if kind not in self.models:
+            self.models[kind] = compile_model(fresh, self.steps, self.learning_rate)
+            return self.models[kind]
+        model = self.models[kind]
+        model.set_weights(fresh.get_weights())
+        for variable in model.optimizer.variables:
+            variable.assign(keras.ops.zeros(variable.shape, variable.dtype))
+        return model
+
+
+def synthesizer_layers(model):
+    """The SynthesizerAttention layers of ``model`` (subclasses included)."""
+    return [layer for layer in _all_layers(model) if isinstance(layer, SynthesizerAttention)]
+
+
+def mixture_of(model):
+    """The mean mixture weights over the model's SynthesizerAttention
+    layers, as a list (``None`` for a kind of one component)."""
+    layers = synthesizer_layers(model)
+    if len(layers[0].components) == 1:
+        return None
+    weights = [_numpy(layer.mixture_weights()) for layer in layers]
+    return np.mean(weights, axis=0).tolist()
+
+
+def recall_test_set(num, pairs, num_keys, num_values, seed=12345):
+    """The fixed test sequences of the recall task (:func:`make_pair_recall`
+    with the generator of ``seed``)."""
+    return make_pair_recall(num, pairs, num_keys, num_values, np.random.default_rng(seed))
+
+
+def run_recall(kinds, *, seeds, num_heads, pairs, num_keys, num_values, dim, batch_size,
+               learning_rate, steps, test_sequences, classes=None, verbose=True):
+    """Trains the recall model (:func:`build_pair_recall_model`) of every
+    kind over seeds and scores it on the fixed test set.
+
+    Seed ``s`` starts from the model built under ``s`` and trains on
+    ``steps`` batches of fresh sequences from the generator of ``s`` (the
+    same for every kind); the unread projections are frozen
+    (:func:`freeze_unread_projections`). ``classes`` as in
+    :func:`probe_kinds`.
+
+    Returns:
+        A dict: ``accuracy`` (kind -> accuracy per seed), ``mixture`` (kind
+        -> mixture weights per seed, ``None`` for one component),
+        ``params`` (kind -> :func:`parameter_counts`), ``chance`` (``1 /
+        num_values``), ``frequency_guess`` (:func:`frequency_guess_accuracy`
+        on the test set) and ``seconds``.
+    """
+    (x_keys, x_values), y_test = recall_test_set(test_sequences, pairs, num_keys,
+                                                 num_values)
+    length = pairs + 1
+
+    def build(kind):
+        model = build_pair_recall_model(_attention(kind, num_heads, dim, length, classes),
+                                        num_keys, num_values, length, dim)
+        freeze_unread_projections(model)
+        return model
+
+    accuracy = {k: [] for k in kinds}
+    mixture = {k: [] for k in kinds}
+    params = {}
+    runs = Runs(build, steps, learning_rate)
+    started = time.perf_counter()
+    for kind in kinds:
+        for seed in range(seeds):
+            model = runs.start(kind, seed)
+            x_train, y_train = make_pair_recall(batch_size * steps, pairs, num_keys,
+                                                num_values, np.random.default_rng(seed))
+            model.fit(x_train, y_train, batch_size=batch_size, epochs=1, shuffle=False,
+                      verbose=0)
+            logits = model.predict([x_keys, x_values], batch_size=256, verbose=0)
+            accuracy[kind].append(float(np.mean(np.argmax(logits, -1) == y_test)))
+            mixture[kind].append(mixture_of(model))
+            if verbose:
+                print(f"seed {seed} {kind:>18}: accuracy {accuracy[kind][-1]:.3f}"
+                      + (f", mixture {np.round(mixture[kind][-1], 2).tolist()}"
+                         if mixture[kind][-1] else ""))
+        params[kind] = parameter_counts(runs.models[kind])
+    return {
+        "accuracy": accuracy, "mixture": mixture, "params": params,
+        "chance": 1.0 / num_values,
+        "frequency_guess": frequency_guess_accuracy(x_values[:, :-1], y_test, num_values),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_lm(kinds, *, seeds, num_heads, length, dim, layers, batch_size, learning_rate,
+           steps, valid_windows, classes=None, verbose=True):
+    """Trains the byte-level causal LM of every kind over seeds on the
+    Wikipedia sample (``load_wiki_sample``) and scores it in bits per byte
+    on ``valid_windows`` contiguous held-out windows.
+
+    Seed ``s`` starts from the model built under ``s`` (``layers`` blocks,
+    width ``dim``, ``max_length = length``) and trains on ``steps`` random
+    windows of the generator of ``s`` (the same for every kind); the unread
+    projections are frozen. ``classes`` as in :func:`probe_kinds`.
+
+    Returns:
+        A dict: ``bits`` (kind -> bits per byte per seed), ``mixture``,
+        ``params`` (as in :func:`run_recall`), ``unigram_bits`` (a unigram
+        model of the training bytes on the same windows) and ``seconds``.
+    """
+    from keras_longattn.datasets import LMWindowDataset, lm_windows, load_wiki_sample
+    from keras_longattn.models import bits_per_dim, build_causal_language_model
+
+    train_bytes, valid_bytes, _ = load_wiki_sample()
+    x_valid, y_valid = lm_windows(valid_bytes, length, num_windows=valid_windows,
+                                  mode="contiguous", dtype="int32")
+    byte_counts = np.bincount(train_bytes, minlength=256) + 1.0
+    unigram_bits = float(-np.mean(np.log2((byte_counts / byte_counts.sum())[y_valid])))
+
+    def build(kind):
+        model = build_causal_language_model(
+            vocab_size=256, sequence_length=length, dim=dim, num_layers=layers,
+            num_heads=num_heads, attention=_attention(kind, num_heads, dim, length, classes))
+        freeze_unread_projections(model)
+        return model
+
+    bits = {k: [] for k in kinds}
+    mixture = {k: [] for k in kinds}
+    params = {}
+    runs = Runs(build, steps, learning_rate)
+    started = time.perf_counter()
+    for kind in kinds:
+        for seed in range(seeds):
+            model = runs.start(kind, seed)
+            model.fit(LMWindowDataset(train_bytes, length, batch_size=batch_size,
+                                      num_batches=steps, seed=seed), epochs=1, verbose=0)
+            bits[kind].append(float(bits_per_dim(model.evaluate(
+                x_valid, y_valid, batch_size=batch_size, verbose=0))))
+            mixture[kind].append(mixture_of(model))
+            if verbose:
+                print(f"seed {seed} {kind:>18}: {bits[kind][-1]:.3f} bits/byte"
+                      + (f", mixture {np.round(mixture[kind][-1], 2).tolist()}"
+                         if mixture[kind][-1] else ""))
+        params[kind] = parameter_counts(runs.models[kind])
+    return {"bits": bits, "mixture": mixture, "params": params,
+            "unigram_bits": unigram_bits, "seconds": time.perf_counter() - started}
+
+
+def lm_ranks(bits, margin):
+    """The places of each kind in the LM ordering, as far as the seeds
+    separate them (lower bits per byte first).
+
+    Kind ``a`` is placed ahead of kind ``b`` only when its mean is lower
+    by at least ``margin`` and by more than the spread of either; kinds
+    that are not separated share a range of places.
+
+    Args:
+        bits: ``{kind: bits per byte per seed}``.
+        margin: the least difference of means that orders two kinds.
+
+    Returns:
+        ``{kind: "r"}`` for a place that the seeds fix, ``{kind: "r1–r2"}``
+        for the range of places the kind can take.
+    """
+    stats = {k: cl.seed_stats(v) for k, v in bits.items()}
+
+    def ahead(a, b):
+        diff = stats[b].mean - stats[a].mean
+        return diff >= margin and diff > max(stats[a].spread, stats[b].spread)
+
+    n = len(stats)
+    out = {}
+    for k in stats:
+        low = 1 + sum(ahead(j, k) for j in stats if j != k)
+        high = n - sum(ahead(k, j) for j in stats if j != k)
+        out[k] = str(low) if low == high else f"{low}–{high}"
+    return out
 
 
 def _fmt(x):
@@ -445,7 +711,8 @@ def _lm_claims(bits, margins):
         runner = max(others, key=lambda k: cl.seed_stats(bits[k]).mean)
         out.append(cl.compare_means(
             "lm_fixed_random_worst",
-            f"text: fixed_random is the worst kind (behind the next worst, {runner})",
+            f"text: fixed_random is the worst kind (behind {runner}, the worst of the "
+            "other kinds)",
             bits[runner], bits["fixed_random"], m, higher_is_better=False, asserted=False,
             paper=f"50.52 ppl vs {max(v for k, v in ppl.items() if k != 'fixed_random')} "
                   "(the next worst)",
@@ -481,3 +748,240 @@ def synthesizer_claims(results: Mapping, margins: Mapping) -> list:
     if bits:
         out += _lm_claims(bits, margins)
     return out
+
+
+# ------------------------------------------------------------ planted bugs
+#
+# Real broken layers: each is a SynthesizerAttention whose mechanism is
+# broken in one way, built in place of one kind and run through the
+# notebook's own functions (probe_kinds, training_changes, run_recall).
+
+
+class ReadsKeys(SynthesizerAttention):
+    """Bug: the synthetic logits get a term from the keys' content (a
+    random or dense kind that reads the input and the other tokens)."""
+
+    def synthetic_logits(self, query, key, dtype):
+        logits = super().synthetic_logits(query, key, dtype)
+        column = ops.mean(ops.cast(key, dtype), axis=-1)  # (B, S, H)
+        return logits + ops.expand_dims(ops.transpose(column, (0, 2, 1)), 2)
+
+
+class LeakyCausal(SynthesizerAttention):
+    """Bug: the synthesized weights are normalised without the causal mask."""
+
+    def _weights(self, query, key, context, dtype):
+        return super()._weights(query, key, dataclasses.replace(context, causal=False), dtype)
+
+
+class TrainedFixedRandom(SynthesizerAttention):
+    """Bug: the fixed random table is trained (the layer reads a trainable
+    copy of it)."""
+
+    def build_extra(self, *shapes):
+        super().build_extra(*shapes)
+        table = ops.convert_to_numpy(self._synthesizer.fixed_random_logits)
+        self.trained_table = self.add_weight(
+            name="trained_table", shape=table.shape,
+            initializer=keras.initializers.Constant(table), trainable=True)
+
+    def synthetic_logits(self, query, key, dtype):
+        weights = self._synthesizer
+        fixed = weights.fixed_random_logits
+        object.__setattr__(weights, "fixed_random_logits", self.trained_table)
+        try:
+            return super().synthetic_logits(query, key, dtype)
+        finally:
+            object.__setattr__(weights, "fixed_random_logits", fixed)
+
+
+class FrozenRandomTable(SynthesizerAttention):
+    """Bug: the learned random table is not trained (it stays as drawn)."""
+
+    def build_extra(self, *shapes):
+        super().build_extra(*shapes)
+        if "random" in self.components:
+            self._synthesizer.random_logits.trainable = False
+
+
+class FrozenMixture(SynthesizerAttention):
+    """Bug: the mixture weights are not trained."""
+
+    def build_extra(self, *shapes):
+        super().build_extra(*shapes)
+        if len(self.components) > 1:
+            self._synthesizer.mixture_logits.trainable = False
+
+
+class MixtureWithoutVanilla(SynthesizerAttention):
+    """Bug: a mixture's vanilla (dot-product) component gets weight 0; the
+    other components keep their learned weights, renormalised."""
+
+    def mixture_weights(self):
+        w = super().mixture_weights()
+        if len(self.components) == 1:
+            return w
+        keep = ops.convert_to_tensor(
+            [0.0 if c == "vanilla" else 1.0 for c in self.components], dtype=w.dtype)
+        w = w * keep
+        return w / ops.sum(w)
+
+
+class WithDotProduct(SynthesizerAttention):
+    """Bug: a synthetic kind is given the dot product: the query-key logits
+    ``q_t . k_s / sqrt(d)`` are added to its synthetic logits."""
+
+    def synthetic_logits(self, query, key, dtype):
+        logits = super().synthetic_logits(query, key, dtype)
+        q = ops.cast(query, dtype) * self._inverse_sqrt_key_dim
+        return logits + ops.einsum("bthd,bshd->bhts", q, ops.cast(key, dtype))
+
+
+class _BuiltAs(SynthesizerAttention):
+    """A layer asked for one kind that builds :attr:`built_kind` instead."""
+
+    built_kind = "fixed_random"
+
+    def __init__(self, *args, kind=None, **kwargs):
+        super().__init__(*args, kind=self.built_kind, **kwargs)
+
+
+class FixedRandomAsVanilla(_BuiltAs):
+    """Bug in the control: the vanilla arm is a fixed random layer, which
+    cannot show a dependence on the input or on other tokens."""
+
+    built_kind = "fixed_random"
+
+
+class DenseAsVanilla(_BuiltAs):
+    """Bug: the vanilla arm is a dense synthesizer (no query-key comparison)."""
+
+    built_kind = "dense"
+
+
+#: The small size of the planted runs (the notebook's functions and claims).
+PLANTED_SIZE = dict(
+    num_heads=2, probe_length=8, probe_dim=8, train_steps=2,
+    train_kinds=("fixed_random", "random", "random+vanilla"),
+    recall_kinds=("vanilla", "dense", "random+vanilla"), seeds=2,
+    recall=dict(pairs=8, num_keys=16, num_values=32, dim=32, batch_size=32,
+                learning_rate=1e-2, steps=120, test_sequences=256),
+)
+#: The margins of the planted runs (the notebook's; the recall task's chance
+#: is 1/32 here).
+PLANTED_MARGINS = dict(
+    zero_tolerance=1e-6, detect=1e-3, min_vanilla_accuracy=0.8, max_synthetic_excess=0.2,
+    recall_margin=0.5, assert_recall_mixtures=True, lm_margin=0.05, train_steps=2)
+
+#: Variant name -> (stage, kind, class): the arm of ``kind`` in the probes
+#: (``"probe"``), the training probe (``"train"``) or the recall task
+#: (``"recall"``) is built by ``class``.
+_PLANTED_ARMS = {
+    "fixed_random_reads_input": ("probe", "fixed_random", ReadsKeys),
+    "dense_reads_other_tokens": ("probe", "dense", ReadsKeys),
+    "dense_without_causal_mask": ("probe", "dense", LeakyCausal),
+    "random_vanilla_without_causal_mask": ("probe", "random+vanilla", LeakyCausal),
+    "blind_vanilla_control": ("probe", "vanilla", FixedRandomAsVanilla),
+    "trained_fixed_random": ("train", "fixed_random", TrainedFixedRandom),
+    "frozen_random_table": ("train", "random", FrozenRandomTable),
+    "frozen_mixture": ("train", "random+vanilla", FrozenMixture),
+    "vanilla_as_dense": ("recall", "vanilla", DenseAsVanilla),
+    "dense_with_dot_product": ("recall", "dense", WithDotProduct),
+    "mixture_without_vanilla": ("recall", "random+vanilla", MixtureWithoutVanilla),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _planted_probe(kind, cls):
+    size = PLANTED_SIZE
+    return probe_kinds([kind], num_heads=size["num_heads"], length=size["probe_length"],
+                       dim=size["probe_dim"], classes={kind: cls})[kind]
+
+
+@functools.lru_cache(maxsize=None)
+def _planted_change(kind, cls):
+    size = PLANTED_SIZE
+    return training_changes([kind], num_heads=size["num_heads"],
+                            length=size["probe_length"], dim=size["probe_dim"],
+                            steps=size["train_steps"], classes={kind: cls})[kind]
+
+
+@functools.lru_cache(maxsize=None)
+def _planted_recall(kind, cls):
+    size = PLANTED_SIZE
+    run = run_recall([kind], seeds=size["seeds"], num_heads=size["num_heads"],
+                     classes={kind: cls}, verbose=False, **size["recall"])
+    return tuple(run["accuracy"][kind]), run["chance"]
+
+
+def _planted_run(variant=None):
+    """The notebook's claims at the small size of :data:`PLANTED_SIZE`, with
+    the real layers (``variant=None``) or with the arm of the variant built
+    by its broken class (:data:`_PLANTED_ARMS`); every arm is cached, so
+    the set trains each arm once per process."""
+    swap = {}
+    if variant is not None:
+        stage, kind, cls = _PLANTED_ARMS[variant]
+        swap = {(stage, kind): cls}
+
+    def cls(stage, kind):
+        return swap.get((stage, kind), SynthesizerAttention)
+
+    size = PLANTED_SIZE
+    probes = {k: _planted_probe(k, cls("probe", k)) for k in KINDS}
+    changes = {k: _planted_change(k, cls("train", k)) for k in size["train_kinds"]}
+    recall, chance = {}, None
+    for k in size["recall_kinds"]:
+        values, chance = _planted_recall(k, cls("recall", k))
+        recall[k] = list(values)
+    results = {"probes": probes, "training_change": changes, "recall_accuracy": recall,
+               "chance": chance, "lm_bits": {}}
+    return synthesizer_claims(results, PLANTED_MARGINS)
+
+
+PLANTED = planted.PlantedSet("synthesizer", run=_planted_run, variants=(
+    planted.PlantedVariant(
+        "fixed_random_reads_input",
+        "a fixed_random layer whose logits also read the keys' content",
+        ("input_free_weights",)),
+    planted.PlantedVariant(
+        "dense_reads_other_tokens",
+        "a dense layer whose logits also read the other tokens' keys",
+        ("dense_reads_own_token",)),
+    planted.PlantedVariant(
+        "dense_without_causal_mask",
+        "a dense layer that normalises its weights without the causal mask",
+        ("causal_no_leak",)),
+    planted.PlantedVariant(
+        "random_vanilla_without_causal_mask",
+        "a random+vanilla layer that normalises its weights without the causal mask",
+        ("causal_no_leak",)),
+    planted.PlantedVariant(
+        "blind_vanilla_control",
+        "the vanilla control of the probes is a fixed_random layer",
+        ("input_free_weights", "dense_reads_own_token")),
+    planted.PlantedVariant(
+        "trained_fixed_random",
+        "a fixed_random layer that trains its table",
+        ("fixed_random_not_trained",)),
+    planted.PlantedVariant(
+        "frozen_random_table",
+        "a random layer whose learned table is never trained",
+        ("fixed_random_not_trained",)),
+    planted.PlantedVariant(
+        "frozen_mixture",
+        "a random+vanilla layer whose mixture weights are never trained",
+        ("mixture_learned",)),
+    planted.PlantedVariant(
+        "vanilla_as_dense",
+        "the vanilla arm of the recall task is a dense synthesizer (no dot product)",
+        ("recall_vanilla_solves", "recall_vanilla_beats_dense")),
+    planted.PlantedVariant(
+        "dense_with_dot_product",
+        "the dense arm of the recall task is given the query-key dot product",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_dense")),
+    planted.PlantedVariant(
+        "mixture_without_vanilla",
+        "a random+vanilla layer whose vanilla component has weight 0",
+        ("recall_random+vanilla_as_vanilla",)),
+))
