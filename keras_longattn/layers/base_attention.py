@@ -892,6 +892,30 @@ class BaseAttention(keras.layers.Layer):
         self.last_implementation = "decode"
         return self._output_dense(out), cache
 
+    def _pattern_decode(self, query, key, value, cache, index, training, head_patterns):
+        """Decoding under an exact per-head pattern: the keys and values of
+        every position in a full-length cache (as :class:`FullAttention`'s),
+        the new queries at positions ``index ..`` attending the cached keys
+        their head's pattern allows (``head_patterns``: one pattern per
+        head, each ANDed with causality); O(max_length) work per token."""
+        cache = ops.cast(cache, key.dtype)
+        T, S = query.shape[1], cache.shape[2]
+        start = (0, index, 0, 0)
+        keys = ops.slice_update(cache[:, 0], start, key)
+        values = ops.slice_update(cache[:, 1], start, value)
+        q_pos = (index + ops.arange(T, dtype="int32"))[:, None]
+        k_pos = ops.arange(S, dtype="int32")[None, :]
+        causal = k_pos <= q_pos
+        masks = {}
+        for p in head_patterns:
+            if p not in masks:
+                masks[p] = ops.logical_and(causal, ops.broadcast_to(p.allowed(q_pos, k_pos), (T, S)))
+        mask = ops.stack([masks[p] for p in head_patterns])[None]  # (1, H, T, S)
+        out = la_ops.reference_attention(
+            query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
+            mask=mask, scale=self._inverse_sqrt_key_dim, dropout_fn=self._dropout_fn(training))
+        return out, ops.stack([keys, values], axis=1)
+
     # ------------------------------------------------------------ validation
     def _validate_call(
         self, query, value, key, query_mask, value_mask, key_mask, attention_mask

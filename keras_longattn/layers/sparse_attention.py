@@ -250,6 +250,28 @@ class SparseAttention(BaseAttention):
             causal,
         )
 
+    # -------------------------------------------------------------- decoding
+    def decode_refusal(self):
+        if self.block_length is None:
+            return ("SparseAttention decodes with a fixed block length only (its default "
+                    "is fixed from the first sequence length the layer sees, and this "
+                    "layer has seen none): set `block_length` or call the layer once")
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, 2, max_length, num_key_value_heads, key_dim)``: the
+        keys and values of every position (a new token reads its window
+        and its strided columns or summary positions among them)."""
+        reason = self.decode_refusal()
+        if reason is not None:
+            raise ValueError(reason)
+        return (batch_size, 2, max_length, self.num_key_value_heads, self.key_dim)
+
+    def _decode(self, query, key, value, cache, index, training):
+        l = self.block_length
+        patterns = self.head_patterns(l, l, True)
+        return self._pattern_decode(query, key, value, cache, index, training, patterns)
+
     def attention_pattern(self, query_length, key_length, causal):
         """The keys any head sees: for ``"multihead"`` the union of A and B
         (each head sees one of them, see :meth:`head_patterns`)."""

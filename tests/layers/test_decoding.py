@@ -12,6 +12,7 @@ import pytest
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import PerformerAttention
+from keras_longattn.layers import SparseAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LSHAttention
 
@@ -32,6 +33,10 @@ def _layer(kind, **kwargs):
     elif kind == "performer":
         layer = PerformerAttention(num_heads=H, key_dim=D, num_features=16, chunk_size=4,
                                    seed=3, **kwargs)
+    elif kind.startswith("sparse"):
+        _, pattern, combination = kind.split("-")
+        layer = SparseAttention(num_heads=H, key_dim=D, pattern=pattern, block_length=4,
+                                combination=combination, **kwargs)
     elif kind == "linear":
         layer = LinearAttention(num_heads=H, key_dim=D, chunk_size=4, **kwargs)
     else:
@@ -70,7 +75,8 @@ CASES = [(schedule, None) for schedule in sorted(SCHEDULES)] + [
 
 @pytest.mark.parametrize("schedule,rotary", CASES,
                          ids=[f"{s}-{'rotary' if r else 'plain'}" for s, r in CASES])
-@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
+@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer",
+                                  "sparse-strided-multihead", "sparse-fixed-merged"])
 def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):
     layer = _layer(kind, rotary_max_wavelength=rotary)
     x = _inputs(1)
@@ -141,6 +147,8 @@ def test_bad_decoding_calls_are_refused():
         other = FullAttention(num_heads=H, key_dim=D, value_dim=4)
         other(_inputs(), _inputs())
         other(x, x, use_causal_mask=True, cache=other.init_cache(B, N), cache_update_index=0)
+    with pytest.raises(ValueError, match="block_length"):  # not fixed yet: no length seen
+        SparseAttention(num_heads=H, key_dim=D).init_cache(B, N)
     lsh = LSHAttention(num_heads=H, key_dim=D, bucket_size=4)
     lsh(_inputs(), _inputs())
     with pytest.raises(ValueError, match="no decoding cache"):
