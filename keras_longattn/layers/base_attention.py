@@ -1022,9 +1022,11 @@ class BaseAttention(keras.layers.Layer):
                 "implementation": self.implementation,
                 "seed": self.seed,
                 "rotary_max_wavelength": self.rotary_max_wavelength,
-                "num_key_value_heads": self.num_key_value_heads,
             }
         )
+        if self.num_key_value_heads != self.num_heads:
+            # Only when grouped: an ungrouped layer's config stays as it was.
+            config["num_key_value_heads"] = self.num_key_value_heads
         return config
 
     @classmethod

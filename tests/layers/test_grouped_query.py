@@ -125,3 +125,5 @@ def test_config_round_trip_keeps_the_grouping():
     layer = LocalAttention(num_heads=H, key_dim=D, window=4, num_key_value_heads=2)
     again = la_layers.LocalAttention.from_config(layer.get_config())
     assert again.num_key_value_heads == 2
+    plain = LocalAttention(num_heads=H, key_dim=D, window=4)
+    assert "num_key_value_heads" not in plain.get_config()  # configs of ungrouped layers unchanged
