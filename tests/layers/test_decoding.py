@@ -69,14 +69,21 @@ SCHEDULES = {
 }
 
 
-CASES = [(schedule, None) for schedule in sorted(SCHEDULES)] + [
-    ("prefill-then-steps", 100.0), ("chunks-across-the-ring", 100.0)]
+KINDS = ["full", "linear", "local", "performer", "sparse-strided-multihead",
+         "sparse-fixed-merged"]
+#: Every schedule for Local (its ring is where decoding can go wrong), the
+#: two that cover prefill, steps and chunks for the others; rotary positions
+#: on one layer of each cache kind.
+CASES = (
+    [("local", schedule, None) for schedule in sorted(SCHEDULES)]
+    + [(kind, schedule, None) for kind in KINDS if kind != "local"
+       for schedule in ("prefill-then-steps", "chunks-across-the-ring")]
+    + [(kind, "chunks-across-the-ring", 100.0) for kind in ("full", "local", "linear")]
+)
 
 
-@pytest.mark.parametrize("schedule,rotary", CASES,
-                         ids=[f"{s}-{'rotary' if r else 'plain'}" for s, r in CASES])
-@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer",
-                                  "sparse-strided-multihead", "sparse-fixed-merged"])
+@pytest.mark.parametrize("kind,schedule,rotary", CASES,
+                         ids=[f"{k}-{s}-{'rotary' if r else 'plain'}" for k, s, r in CASES])
 def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):
     layer = _layer(kind, rotary_max_wavelength=rotary)
     x = _inputs(1)

@@ -51,9 +51,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kind", sorted(CASES))
+GROUPINGS = [("full", False, 1), ("full", True, 2), ("local", True, 2), ("local", False, 1),
+             ("sparse", True, 2)]
+
+
+@pytest.mark.parametrize("kind,causal,kv_heads", GROUPINGS,
+                         ids=[f"{k}-{'causal' if c else 'bidirectional'}-kv{h}"
+                              for k, c, h in GROUPINGS])
 def test_grouped_layer_equals_repeated_heads(kind, causal, kv_heads):
     keras.utils.set_random_seed(0)
     layer = CASES[kind](num_key_value_heads=kv_heads)

@@ -10,6 +10,11 @@ import keras
 from keras_longattn.layers import AdaMRAAttention
 from keras_longattn.reproductions import adamra as ar
 
+# A model trained once, on PyTorch: JAX runs the same code in the planted
+# tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
+trains = pytest.mark.skipif(keras.backend.backend() != "torch",
+                            reason="trains a model: run once, on PyTorch")
+
 
 def _inputs(length=32, dim=16):
     return np.random.default_rng(1).normal(size=(2, length, dim)).astype("float32")
@@ -59,6 +64,7 @@ def test_task_baselines_majority_class():
     assert 10.0 <= baselines["image"]["majority"] < 11.0
 
 
+@trains
 def test_run_arms_labels_rows_by_arm():
     arms = {"rates-1/4x4": ar.ablation_specs(ar.DEFAULT_RATES)["rates-1/4x4"]}
     results, acc = ar.run_arms(arms, ["image"], seeds=1, size="tiny")
@@ -66,9 +72,10 @@ def test_run_arms_labels_rows_by_arm():
     assert list(acc) == ["rates-1/4x4"] and len(acc["rates-1/4x4"]["image"]) == 1
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax",
+                    reason="compiled by XLA in this process on JAX (elsewhere a JAX subprocess: "
+                    "the same programs)")
 def test_compiled_cost_of_adamra_is_below_full_attention():
-    # On every backend (another backend compiles the programs in a JAX
-    # subprocess).
     cost = ar.cost_against_full(ar.adamra_spec(ar.DEFAULT_RATES), 256, num_heads=4,
                                 head_dim=16)
     assert cost["adamra"]["flops"] < cost["full"]["flops"]

@@ -11,6 +11,11 @@ import keras
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import linformer as lf
 
+# A model trained once, on PyTorch: JAX runs the same code in the planted
+# tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
+trains = pytest.mark.skipif(keras.backend.backend() != "torch",
+                            reason="trains a model: run once, on PyTorch")
+
 
 def test_parity_arms():
     arms = lf.parity_arms([16, 32], 64)
@@ -58,6 +63,7 @@ def test_long_claims_spectrum():
     assert claims["spectrum_low_rank"].verdict == cl.NOT_REPRODUCED
 
 
+@trains
 def test_long_baseline_measures_the_spectrum():
     # The notebook's section 4 on a tiny size: the full arm is trained
     # through a recording layer, and the spectrum of its attention matrices

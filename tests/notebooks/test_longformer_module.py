@@ -8,6 +8,11 @@ import pytest
 from keras_longattn.layers import FullAttention, LongformerAttention
 from keras_longattn.reproductions import longformer as lf
 
+# A model trained once, on PyTorch: JAX runs the same code in the planted
+# tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
+trains = pytest.mark.skipif(keras.backend.backend() != "torch",
+                            reason="trains a model: run once, on PyTorch")
+
 TINY = lf.TaskConfig(length=12, window=4, layers=1, dim=8, num_heads=2, classes=2, fillers=4,
                      min_position=4, batch_size=4, steps=3, test_examples=8)
 
@@ -39,6 +44,7 @@ def test_layers_of_the_arms_and_variants():
         v.name for v in lf.PLANTED.variants}
 
 
+@trains
 def test_a_reused_model_trains_as_a_fresh_one():
     # run_task reinitialises an arm's model for its next seed: the same
     # weights as a model built and trained fresh with that seed.

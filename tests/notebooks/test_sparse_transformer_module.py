@@ -11,6 +11,11 @@ import keras
 from keras_longattn.layers import FullAttention, LocalAttention, SparseAttention
 from keras_longattn.reproductions import sparse_transformer as st
 
+# A model trained once, on PyTorch: JAX runs the same code in the planted
+# tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
+trains = pytest.mark.skipif(keras.backend.backend() != "torch",
+                            reason="trains a model: run once, on PyTorch")
+
 
 def test_make_attention_builds_each_arm():
     kinds = {m: st.make_attention(m, 8, dim=16, num_heads=4) for m in st.MECHANISMS}
@@ -60,6 +65,7 @@ def test_planted_layers_break_the_measured_coverage():
         assert coverage("causal_mask_dropped", pattern)[1] is False
 
 
+@trains
 def test_train_image_arm_runs_and_scores_both_halves():
     images = np.random.default_rng(0).integers(0, 4, size=(40, 8))
     data = st.make_repeated_images(images, 1, 8)
@@ -83,6 +89,7 @@ def test_compiled_cost_counts_dense_above_strided_on_jax():
     assert cost["dense"]["temp_bytes"] > cost["strided"]["temp_bytes"] > 0
 
 
+@trains
 def test_dense_plateau_sweep_picks_dense_best_rate_and_trains_the_others_with_it():
     images = np.random.default_rng(0).integers(0, 4, size=(40, 8))
     data = st.make_repeated_images(images, 1, 8)

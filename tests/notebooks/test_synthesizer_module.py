@@ -5,7 +5,14 @@ places, the planted layers), on every backend, at a tiny size."""
 import numpy as np
 import pytest
 
+import keras
+
 from keras_longattn.reproductions import synthesizer as syn
+
+# A model trained once, on PyTorch: JAX runs the same code in the planted
+# tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
+trains = pytest.mark.skipif(keras.backend.backend() != "torch",
+                            reason="trains a model: run once, on PyTorch")
 
 TINY_RECALL = dict(seeds=1, num_heads=2, pairs=4, num_keys=8, num_values=4, dim=8,
                    batch_size=8, learning_rate=1e-2, steps=2, test_sequences=16)
@@ -34,6 +41,7 @@ def test_lm_ranks_order_kinds_separated_by_margin_and_spreads():
     assert syn.lm_ranks(bits, 0.05) == {"a": "1–2", "b": "1–3", "c": "2–3"}
 
 
+@trains
 def test_run_recall_builds_each_kind_with_its_class():
     run = syn.run_recall(["vanilla", "random+vanilla"],
                          classes={"random+vanilla": syn.MixtureWithoutVanilla},
@@ -48,6 +56,7 @@ def test_run_recall_builds_each_kind_with_its_class():
     assert trainable > 0 and unread == 0
 
 
+@trains
 def test_run_recall_seeds_restart_the_same_model():
     run = syn.run_recall(["dense"], verbose=False, **dict(TINY_RECALL, seeds=2))
     assert len(run["accuracy"]["dense"]) == 2
@@ -55,6 +64,7 @@ def test_run_recall_seeds_restart_the_same_model():
     assert again["accuracy"] == run["accuracy"]
 
 
+@trains
 def test_run_lm_tiny():
     run = syn.run_lm(["random+vanilla"], seeds=1, num_heads=2, length=8, dim=8, layers=1,
                      batch_size=4, learning_rate=3e-3, steps=2, valid_windows=2,

@@ -1,0 +1,19 @@
+"""The Routing Transformer's planted variants (see test_planted_real.py):
+its set trains the most, so CI runs it in the other lane."""
+
+import pytest
+
+import keras
+
+from keras_longattn.reproductions import planted as pl
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                reason="the planted variants train on JAX only")
+
+(ROUTING,) = pl.planted_sets(["routing_transformer"])
+
+
+@pytest.mark.parametrize("variant", [v.name for v in ROUTING.variants])
+def test_planted_variant_is_caught(variant):
+    item = pl.check(ROUTING, variant)
+    assert item.caught, f"routing_transformer/{variant}: " + "; ".join(item.problems())
