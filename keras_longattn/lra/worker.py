@@ -96,7 +96,9 @@ def _inputs(x):
 
 def train_and_evaluate(task, size, data, attention, seed, *, model_config=None,
                        report: Callable[[dict], None] | None = None,
-                       memory_tracker=None, shuffle_labels: bool = False) -> dict[str, Any]:
+                       memory_tracker=None, shuffle_labels: bool = False,
+                       on_built: Callable[[Any], None] | None = None,
+                       return_model: bool = False) -> dict[str, Any]:
     """Train one model on ``data`` and measure its test accuracy.
 
     Args:
@@ -111,9 +113,12 @@ def train_and_evaluate(task, size, data, attention, seed, *, model_config=None,
             ``None`` for one of those.
         shuffle_labels: train on randomly permuted labels (a planted broken
             model, for testing that the suite then reports chance).
+        on_built: called with the model once it is built, before training.
+        return_model: also return the trained model.
 
     Returns:
-        The seed's measurements (see the module docstring).
+        The seed's measurements (see the module docstring), and the model
+        with ``return_model``.
     """
     import keras
     import numpy as np
@@ -122,6 +127,8 @@ def train_and_evaluate(task, size, data, attention, seed, *, model_config=None,
 
     keras.utils.set_random_seed(int(seed))
     model = build_model(task, data, attention, size, model_config)
+    if on_built is not None:
+        on_built(model)
     warmup = max(1, size.steps // 10)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0, decay_steps=max(1, size.steps - warmup), alpha=0.0,
@@ -155,7 +162,7 @@ def train_and_evaluate(task, size, data, attention, seed, *, model_config=None,
     logits = model.predict(_inputs(data.x_test), batch_size=max(64, size.batch_size), verbose=0)
     predictions = np.argmax(np.asarray(logits), axis=-1)
     tail = losses[-max(1, len(losses) // 10):]
-    return {
+    row = {
         "seed": int(seed),
         "accuracy": float(np.mean(predictions == data.y_test)),
         "final_loss": float(np.mean(tail)),
@@ -167,6 +174,7 @@ def train_and_evaluate(task, size, data, attention, seed, *, model_config=None,
         "memory_method": memory.method,
         "num_params": int(model.count_params()),
     }
+    return (row, model) if return_model else row
 
 
 def run_job(job: dict[str, Any], emit: Callable[[str], None] = print) -> dict[str, Any]:

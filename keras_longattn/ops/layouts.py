@@ -38,6 +38,7 @@ import numpy as np
 from keras import ops
 
 from keras_longattn.kernels.arrangements import column_order
+from keras_longattn.kernels.arrangements import every_tile  # noqa: F401 (part of this module's API)
 
 #: Largest kernel block (GPU/TPU tiles of 128 rows).
 MAX_BLOCK = 128
@@ -276,14 +277,6 @@ def _column_order(n, l):
 
 
 # ---------------------------------------------------- candidate tiles
-def every_tile(num_q, num_k, block):
-    """Every ``(query tile, key tile)`` pair of ``num_q`` x ``num_k`` arranged
-    tokens in tiles of ``block``: NumPy int64 ``(qb, kb)``."""
-    nq, nk = -(-int(num_q) // block), -(-int(num_k) // block)
-    flat = np.arange(nq * nk, dtype=np.int64)
-    return flat // max(nk, 1), flat % max(nk, 1)
-
-
 def _tile_ids(tiles, nk):
     qb, kb = tiles
     return np.asarray(qb, np.int64) * nk + np.asarray(kb, np.int64)

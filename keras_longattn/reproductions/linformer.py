@@ -994,52 +994,29 @@ def _recording_class():
 
 
 def train_with_model(setup: TaskSetup, attention, seed, *, model_config=None, before=None):
-    """Trains one model as :func:`keras_longattn.lra.worker.train_and_evaluate`
-    does (the same seed, model, optimizer, schedule and batches) and keeps
-    it: returns ``(row, model)``, the row with ``accuracy`` (in [0, 1]),
-    ``final_loss`` and ``step_ms``. ``before(model)`` is called once the
-    model is built, before training (the spectrum at initialisation)."""
-    import statistics
-    import time
+    """Trains one model by :func:`keras_longattn.lra.worker.train_and_evaluate`
+    (as :func:`train_arm`) and keeps it: returns ``(row, model)``, the row
+    with ``accuracy`` (in [0, 1]), ``final_loss`` and ``step_ms``.
+    ``before(model)`` is called once the model is built, before training
+    (the spectrum at initialisation)."""
+    from keras_longattn.lra.worker import train_and_evaluate
 
-    import keras
-
-    from keras_longattn.lra.worker import build_model
-
-    size, data = setup.size, setup.data
-    keras.utils.set_random_seed(int(seed))
     first = len(_RECORDERS)
-    model = build_model(setup.task, data, attention, size,
-                        dict(MODEL_CONFIG if model_config is None else model_config))
-    # The recording layers this model made (plain attribute, not tracked).
-    object.__setattr__(model, "_recording_layers", list(_RECORDERS[first:]))
-    del _RECORDERS[first:]
-    if before is not None:
-        before(model)
-    warmup = max(1, size.steps // 10)
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0, decay_steps=max(1, size.steps - warmup), alpha=0.0,
-        warmup_target=size.learning_rate, warmup_steps=warmup)
-    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=schedule, weight_decay=0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(int(seed))
-    times, losses = [], []
+
+    def built(model):
+        # The recording layers this model made (plain attribute, not tracked).
+        object.__setattr__(model, "_recording_layers", list(_RECORDERS[first:]))
+        del _RECORDERS[first:]
+        if before is not None:
+            before(model)
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="You are using a softmax over axis -1")
-        for _ in range(size.steps):
-            index = rng.integers(0, len(data.y_train), size=size.batch_size)
-            tic = time.perf_counter()
-            loss = model.train_on_batch(_rows(data.x_train, index), data.y_train[index])
-            times.append((time.perf_counter() - tic) * 1e3)
-            losses.append(float(np.asarray(loss).reshape(-1)[0]))
-        logits = model.predict(_rows(data.x_test, None), batch_size=max(64, size.batch_size),
-                               verbose=0)
-    tail = losses[-max(1, len(losses) // 10):]
-    row = {"seed": int(seed),
-           "accuracy": float(np.mean(np.argmax(np.asarray(logits), -1) == data.y_test)),
-           "final_loss": float(np.mean(tail)),
-           "step_ms": statistics.median(times[1:]) if len(times) > 1 else times[0]}
-    return row, model
+        row, model = train_and_evaluate(
+            setup.task, setup.size, setup.data, attention, int(seed),
+            model_config=dict(MODEL_CONFIG if model_config is None else model_config),
+            on_built=built, return_model=True)
+    return {key: row[key] for key in ("seed", "accuracy", "final_loss", "step_ms")}, model
 
 
 def _rows(x, index):

@@ -75,6 +75,7 @@ import warnings
 import numpy as np
 import torch
 
+from keras_longattn.kernels import arrangements
 from keras_longattn.kernels.arrangements import column_order
 from keras_longattn.kernels.arrangements import summary_positions
 
@@ -332,11 +333,9 @@ def _as_structure(partial, full=None):
 
 
 def every_tile(T, S):
-    """Every tile of ``T`` x ``S`` pairs: NumPy int64 ``(query tile, key
-    tile)``."""
-    nq, nk = -(-int(T) // BLOCK), -(-int(S) // BLOCK)
-    flat = np.arange(nq * nk, dtype=np.int64)
-    return flat // max(nk, 1), flat % max(nk, 1)
+    """Every tile of ``T`` x ``S`` pairs (tiles of :data:`BLOCK`): NumPy
+    int64 ``(query tile, key tile)``."""
+    return arrangements.every_tile(T, S, BLOCK)
 
 
 def union_tiles(*tile_sets):
