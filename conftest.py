@@ -12,6 +12,8 @@
   under ``--run-slow``; on jax and tensorflow only the unmarked points run,
   which cover every code path of the op (eager JAX compiles each primitive
   once per new shape, so every extra shape costs seconds there).
+* ``KERAS_LONGATTN_HOST_DEVICES=N`` splits JAX's CPU platform into N
+  devices (for ``tests/parallel``).
 * Tests listed in a test class's ``known_failures`` are marked
   ``xfail(strict=True)``.
 """
@@ -19,6 +21,16 @@
 import os
 
 import pytest
+
+# Simulated devices for the distributed tests (tests/parallel): JAX's CPU
+# platform splits into this many devices when the flag is set before JAX
+# creates its CPU client.
+if os.environ.get("KERAS_LONGATTN_HOST_DEVICES"):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + " --xla_force_host_platform_device_count="
+        + os.environ["KERAS_LONGATTN_HOST_DEVICES"]
+    ).strip()
 
 
 def _run_slow(config):

@@ -123,6 +123,13 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
       lane2_split+=("$path")
     done
   fi
+  # The distributed tests (tests/parallel) need JAX split into 8 simulated
+  # devices, set before JAX starts: their own pytest process, in lane 2.
+  parallel_tests=()
+  if [ $# -eq 0 ] && [ "${backends[0]}" = jax ] && [ -d tests/parallel ]; then
+    lane1_args+=("--ignore=tests/parallel")
+    parallel_tests=(tests/parallel)
+  fi
   echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}${lane2_split:+ + ${backends[0]} on ${lane2_split[*]}}"
   (
     unit_tests "${backends[0]}" "${lane1_args[@]}"
@@ -133,6 +140,10 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
     for backend in "${backends[@]:1}"; do unit_tests "$backend" "$@"; done
     if [ ${#lane2_split[@]} -gt 0 ]; then
       UNIT_LABEL="${backends[0]}-lane2" unit_tests "${backends[0]}" "${lane2_split[@]}"
+    fi
+    if [ ${#parallel_tests[@]} -gt 0 ]; then
+      KERAS_LONGATTN_HOST_DEVICES=8 UNIT_LABEL="${backends[0]}-parallel" \
+        unit_tests "${backends[0]}" "${parallel_tests[@]}"
     fi
     [ $with_extra -eq 1 ] && extra notebooks notebooks
   ) &

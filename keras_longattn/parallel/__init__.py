@@ -1,0 +1,30 @@
+"""Running the layers on several devices with ``keras.distribution``.
+
+* :mod:`keras_longattn.parallel.layouts`: the ``LayoutMap`` that shards the
+  attention heads and the feed-forward of the builders' models across a
+  ``"model"`` mesh axis (``keras.distribution.ModelParallel``).
+* :mod:`keras_longattn.parallel.context`: context (sequence) parallelism on
+  JAX: ring attention for full attention, a halo exchange for sliding
+  windows.
+
+Not imported by ``import keras_longattn``; import it as
+``keras_longattn.parallel``.
+"""
+
+from keras_longattn.parallel.context import causal_schedule
+from keras_longattn.parallel.context import context_parallel_refusal
+from keras_longattn.parallel.context import halo_local_attention
+from keras_longattn.parallel.context import ring_attention
+from keras_longattn.parallel.context import zigzag_order
+from keras_longattn.parallel.layouts import LAYOUT_RULES
+from keras_longattn.parallel.layouts import layout_map
+
+__all__ = [
+    "LAYOUT_RULES",
+    "causal_schedule",
+    "context_parallel_refusal",
+    "halo_local_attention",
+    "layout_map",
+    "ring_attention",
+    "zigzag_order",
+]

@@ -1,0 +1,484 @@
+"""Context parallelism on JAX: attention with the sequence axis sharded
+across the devices of a mesh.
+
+Two exact algorithms, both run under ``jax.shard_map`` on one axis of a
+:class:`keras.distribution.DeviceMesh` (or a ``jax.sharding.Mesh``), both
+differentiable (the backward pass runs the same collectives in reverse):
+
+* :func:`ring_attention`, full attention: each device keeps its block of
+  queries and passes its block of keys and values around the ring, one
+  neighbour per step; the attention parts of the ``P`` steps are merged
+  exactly by their log-sum-exp. With ``causal=True`` and
+  ``load_balance=True`` (default) the sequence is laid out in "zigzag"
+  order (device ``i`` holds chunks ``i`` and ``2P - 1 - i`` of ``2P``
+  chunks), so that every device computes the same number of visible
+  query/key sub-blocks; invisible sub-blocks are skipped.
+  Each device sends ``(P - 1) / P`` of the keys and values per pass:
+  O(n) communication, O(n / P) memory per device (each step's scores are
+  recomputed in the backward pass, not stored, with ``checkpoint=True``).
+* :func:`halo_local_attention`, sliding-window attention
+  (:class:`~keras_longattn.layers.LocalAttention`'s window): each device
+  receives only the ``look_back`` keys and values before its block from
+  its left neighbour and the ``look_ahead`` keys after it from its right
+  neighbour (the halo), then runs the blocked O(n * w) band attention of
+  :func:`keras_longattn.ops.local_attention` on its block: O(w)
+  communication and O(n / P * w) memory per device.
+
+Both take and return global arrays ``(B, T, H, d)`` (they may be traced
+values inside a ``jax.jit``, e.g. a Keras layer's call under a
+``keras.distribution`` distribution) and place the sequence axis on
+``sequence_axis``; the batch and head axes may be sharded too
+(``batch_axis``, ``head_axis``). Padding is given as ``key_mask``
+``(B, S)`` (False for padded keys); a query that sees no key gets a zero
+output, as in :func:`keras_longattn.ops.reference_attention`.
+
+Other Keras backends refuse: :func:`context_parallel_refusal` says why.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from keras_longattn.kernels.constants import MASKED_LOGIT
+
+__all__ = [
+    "context_parallel_refusal",
+    "halo_local_attention",
+    "ring_attention",
+    "causal_schedule",
+    "zigzag_order",
+]
+
+
+def context_parallel_refusal(backend=None):
+    """Why context parallelism cannot run on ``backend`` (default: Keras'
+    backend), or None when it can (JAX)."""
+    if backend is None:
+        import keras
+
+        backend = keras.backend.backend()
+    if backend == "jax":
+        return None
+    return (
+        "context parallelism runs on the JAX backend only (it shards the "
+        "sequence with jax.shard_map and passes key/value blocks between "
+        f"devices with jax.lax.ppermute); the Keras backend is {backend!r}"
+    )
+
+
+def _require_jax():
+    reason = context_parallel_refusal()
+    if reason is not None:
+        raise NotImplementedError(reason)
+
+
+def _jax_mesh(mesh):
+    import jax
+
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    backend_mesh = getattr(mesh, "backend_mesh", None)
+    if isinstance(backend_mesh, jax.sharding.Mesh):
+        return backend_mesh
+    raise TypeError(
+        "`mesh` must be a keras.distribution.DeviceMesh or a jax.sharding.Mesh. "
+        f"Received: mesh={mesh!r}"
+    )
+
+
+def _axis_size(mesh, name, argument):
+    if name is None:
+        return 1
+    if name not in mesh.shape:
+        raise ValueError(
+            f"`{argument}` must name an axis of the mesh {tuple(mesh.axis_names)}. "
+            f"Received: {argument}={name!r}"
+        )
+    return int(mesh.shape[name])
+
+
+def _check_shapes(query, key, value, key_mask):
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(x.shape) != 4:
+            raise ValueError(
+                f"`{name}` must have shape (batch, length, heads, head_dim). "
+                f"Received: {name}.shape={tuple(x.shape)}"
+            )
+    if tuple(key.shape[:3]) != tuple(value.shape[:3]):
+        raise ValueError(
+            "`key` and `value` must agree on batch, length and heads. Received: "
+            f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+        )
+    if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+        raise ValueError(
+            "`query` and `key` must agree on batch and heads. Received: "
+            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    if query.shape[3] != key.shape[3]:
+        raise ValueError(
+            "`query` and `key` must have the same head size. Received: "
+            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    if key_mask is not None and tuple(key_mask.shape) != (key.shape[0], key.shape[1]):
+        raise ValueError(
+            "`key_mask` must have shape (batch, key_length) = "
+            f"{(key.shape[0], key.shape[1])}. Received: key_mask.shape={tuple(key_mask.shape)}"
+        )
+
+
+def _check_divisible(length, parts, argument, what):
+    if length % parts:
+        raise ValueError(
+            f"The sequence length must be a multiple of {parts} ({what}). "
+            f"Received: {argument} length {length}"
+        )
+
+
+def zigzag_order(length, num_devices):
+    """The load-balanced causal layout of :func:`ring_attention`.
+
+    Returns ``(order, inverse)``, int32 NumPy arrays: position ``j`` of the
+    laid-out sequence holds token ``order[j]``, and ``x[inverse]`` undoes the
+    layout. The sequence is cut into ``2 * num_devices`` chunks; device
+    ``i`` (the ``i``-th contiguous shard) holds chunks ``i`` and
+    ``2 * num_devices - 1 - i``.
+    """
+    if length % (2 * num_devices):
+        raise ValueError(
+            f"The zigzag layout needs a length divisible by 2 * num_devices = "
+            f"{2 * num_devices}. Received: length={length}"
+        )
+    chunks = np.arange(length, dtype=np.int32).reshape(2 * num_devices, -1)
+    order = np.concatenate(
+        [np.concatenate([chunks[i], chunks[2 * num_devices - 1 - i]])
+         for i in range(num_devices)]
+    )
+    return order, np.argsort(order).astype(np.int32)
+
+
+def causal_schedule(length, num_devices):
+    """Which query/key sub-blocks a causal ring pass in zigzag layout
+    computes: a boolean NumPy array ``(step, device, query_chunk,
+    key_chunk)``, shape ``(P, P, 2, 2)``.
+
+    At step ``s`` device ``i`` holds the keys of device ``(i - s) mod P``;
+    its two query chunks and the two key chunks it holds form four
+    sub-blocks, computed when one of their query positions is at or after
+    one of their key positions (the others are skipped). Every device
+    computes the same number of sub-blocks (the load balance).
+    """
+    order, _ = zigzag_order(length, num_devices)
+    chunks = order.reshape(num_devices, 2, -1)  # device, chunk, positions
+    last = chunks.max(axis=-1)
+    first = chunks.min(axis=-1)
+    table = np.zeros((num_devices, num_devices, 2, 2), bool)
+    for step in range(num_devices):
+        for device in range(num_devices):
+            source = (device - step) % num_devices
+            table[step, device] = last[device][:, None] >= first[source][None, :]
+    return table
+
+
+def _specs(batch_axis, sequence_axis, head_axis):
+    from jax.sharding import PartitionSpec as P
+
+    tokens = P(batch_axis, sequence_axis, head_axis, None)
+    positions = P(sequence_axis)
+    mask = P(batch_axis, sequence_axis)
+    return tokens, positions, mask
+
+
+def _masked_part(q, k, v, q_pos, k_pos, k_mask, causal):
+    """Attention of ``q`` (scaled) over one key block: ``(out, lse)`` in
+    float32, ``out`` normalised, ``lse`` ``(B, T, H)`` (``MASKED_LOGIT``
+    where a query sees no key of the block)."""
+    import jax.numpy as jnp
+
+    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+    visible = k_mask[:, None, None, :]
+    if causal:
+        visible = jnp.logical_and(visible, (q_pos[:, None] >= k_pos[None, :])[None, None])
+    scores = jnp.where(visible, scores, MASKED_LOGIT)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    e = jnp.where(visible, jnp.exp(scores - top), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / jnp.maximum(total, 1e-30)
+    out = jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    lse = jnp.squeeze(top + jnp.log(jnp.maximum(total, 1e-30)), -1)
+    lse = jnp.where(jnp.any(visible, axis=-1), lse, MASKED_LOGIT)
+    return out, jnp.transpose(lse, (0, 2, 1))
+
+
+def _merge(out, lse, part_out, part_lse):
+    import jax.numpy as jnp
+
+    new_lse = jnp.logaddexp(lse, part_lse)
+    out = (out * jnp.exp(lse - new_lse)[..., None]
+           + part_out * jnp.exp(part_lse - new_lse)[..., None])
+    return out, new_lse
+
+
+def _empty_part(q, v):
+    import jax.numpy as jnp
+
+    b, t, h = q.shape[:3]
+    return (jnp.zeros((b, t, h, v.shape[-1]), jnp.float32),
+            jnp.full((b, t, h), MASKED_LOGIT, jnp.float32))
+
+
+def _causal_block(q, k, v, q_pos, k_pos, k_mask, visible):
+    """The causal part of one ring step in zigzag layout: the queries' two
+    chunks against the keys' two chunks, sub-block ``(a, c)`` computed only
+    where ``visible[a, c]`` (a row of :func:`causal_schedule`)."""
+    import jax
+    import jax.numpy as jnp
+
+    tq, tk = q.shape[1] // 2, k.shape[1] // 2
+    outs, lses = [], []
+    for a in range(2):
+        qa = q[:, a * tq:(a + 1) * tq]
+        qpa = q_pos[a * tq:(a + 1) * tq]
+        out, lse = _empty_part(qa, v)
+        for c in range(2):
+            kc = k[:, c * tk:(c + 1) * tk]
+            vc = v[:, c * tk:(c + 1) * tk]
+            kpc = k_pos[c * tk:(c + 1) * tk]
+            kmc = k_mask[:, c * tk:(c + 1) * tk]
+            part = jax.lax.cond(
+                visible[a, c],
+                lambda qa=qa, kc=kc, vc=vc, qpa=qpa, kpc=kpc, kmc=kmc: _masked_part(
+                    qa, kc, vc, qpa, kpc, kmc, True),
+                lambda qa=qa, vc=vc: _empty_part(qa, vc),
+            )
+            out, lse = _merge(out, lse, *part)
+        outs.append(out)
+        lses.append(lse)
+    return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
+
+
+def ring_attention(
+    query,
+    key,
+    value,
+    *,
+    mesh,
+    sequence_axis,
+    batch_axis=None,
+    head_axis=None,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    load_balance=True,
+    checkpoint=True,
+):
+    """Full (softmax) attention with the sequence sharded over a mesh axis:
+    ring attention.
+
+    Args:
+        query: ``(B, T, H, d)``.
+        key: ``(B, S, H, d)``.
+        value: ``(B, S, H, dv)``.
+        mesh: a ``keras.distribution.DeviceMesh`` or ``jax.sharding.Mesh``.
+        sequence_axis: the mesh axis the sequence is sharded over (``P``
+            devices); ``T`` and ``S`` must be multiples of ``P`` (of ``2P``
+            with the causal load-balanced layout).
+        batch_axis: optional mesh axis the batch is sharded over.
+        head_axis: optional mesh axis the heads are sharded over.
+        causal: query ``i`` sees keys ``0 .. i`` (needs ``T == S``).
+        key_mask: optional boolean ``(B, S)``, False for padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        load_balance: with ``causal``, lay the sequence out in zigzag order
+            (:func:`zigzag_order`) so that every device has the same work;
+            the result is returned in the input's order.
+        checkpoint: recompute each step's scores in the backward pass
+            instead of storing them (O(n / P) memory per device rather than
+            O(n^2 / P)).
+
+    Returns:
+        ``(B, T, H, dv)`` in ``query``'s dtype, equal to
+        :func:`keras_longattn.ops.reference_attention` with the same mask.
+    """
+    _require_jax()
+    import jax
+    import jax.numpy as jnp
+
+    _check_shapes(query, key, value, key_mask)
+    jmesh = _jax_mesh(mesh)
+    num = _axis_size(jmesh, sequence_axis, "sequence_axis")
+    _axis_size(jmesh, batch_axis, "batch_axis")
+    _axis_size(jmesh, head_axis, "head_axis")
+    T, S = int(query.shape[1]), int(key.shape[1])
+    if causal and T != S:
+        raise ValueError(
+            "causal ring attention needs query and key of the same length. "
+            f"Received: query length {T}, key length {S}"
+        )
+    zigzag = bool(causal and load_balance and num > 1)
+    parts = 2 * num if zigzag else num
+    _check_divisible(T, parts, "query", "2 x the devices of the sequence axis" if zigzag
+                     else "the devices of the sequence axis")
+    _check_divisible(S, parts, "key", "2 x the devices of the sequence axis" if zigzag
+                     else "the devices of the sequence axis")
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    dtype = query.dtype
+    if key_mask is None:
+        key_mask = jnp.ones((key.shape[0], S), bool)
+    key_mask = jnp.asarray(key_mask).astype(bool)
+    q_pos = np.arange(T, dtype=np.int32)
+    k_pos = np.arange(S, dtype=np.int32)
+    inverse = None
+    if zigzag:
+        order, inverse = zigzag_order(T, num)
+        query, key, value = (jnp.take(x, order, axis=1) for x in (query, key, value))
+        key_mask = jnp.take(key_mask, order, axis=1)
+        q_pos, k_pos = order, order
+    q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
+
+    schedule = causal_schedule(T, num) if zigzag else None
+
+    def step(q, k, v, qp, kp, km, visible):
+        if zigzag:
+            return _causal_block(q, k, v, qp, kp, km, visible)
+        return _masked_part(q, k, v, qp, kp, km, causal)
+
+    if checkpoint:
+        step = jax.checkpoint(step)
+    ring = [(i, (i + 1) % num) for i in range(num)]
+
+    def body(q, k, v, qp, kp, km):
+        q = q * jnp.asarray(scale, q.dtype)
+        out, lse = _empty_part(q, v)
+        device = jax.lax.axis_index(sequence_axis)
+        for i in range(num):
+            visible = None if schedule is None else jnp.asarray(schedule[i])[device]
+            out, lse = _merge(out, lse, *step(q, k, v, qp, kp, km, visible))
+            if i < num - 1:
+                k, v, kp, km = (jax.lax.ppermute(x, sequence_axis, ring)
+                                for x in (k, v, kp, km))
+        return out.astype(dtype)
+
+    tokens, positions, mask = _specs(batch_axis, sequence_axis, head_axis)
+    run = jax.shard_map(
+        body,
+        mesh=jmesh,
+        in_specs=(tokens, tokens, tokens, positions, positions, mask),
+        out_specs=tokens,
+        check_vma=False,
+    )
+    out = run(query, key, value, q_pos, k_pos, key_mask)
+    if inverse is not None:
+        out = jnp.take(out, inverse, axis=1)
+    return out
+
+
+def halo_local_attention(
+    query,
+    key,
+    value,
+    *,
+    mesh,
+    sequence_axis,
+    look_back,
+    look_ahead=0,
+    batch_axis=None,
+    head_axis=None,
+    key_mask=None,
+    scale=None,
+    block_size=None,
+):
+    """Sliding-window attention (query ``i`` sees keys ``i - look_back ..
+    i + look_ahead``) with the sequence sharded over a mesh axis, exchanging
+    only the window's halo with the neighbouring devices.
+
+    Args:
+        query, key, value: ``(B, n, H, d)``, ``(B, n, H, d)``,
+            ``(B, n, H, dv)``: self-attention lengths (``T == S``), a
+            multiple of the ``P`` devices of ``sequence_axis``, with
+            ``n / P >= max(look_back, look_ahead)`` (the halo comes from one
+            neighbour on each side).
+        mesh, sequence_axis, batch_axis, head_axis: as :func:`ring_attention`.
+        look_back: keys visible before the query (``window - 1`` for a causal
+            :class:`~keras_longattn.layers.LocalAttention`).
+        look_ahead: keys visible after the query (0 when causal).
+        key_mask: optional boolean ``(B, n)``, False for padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        block_size: block length of the per-device band attention
+            (:func:`keras_longattn.ops.local_attention`).
+
+    Returns:
+        ``(B, n, H, dv)``, equal to :func:`keras_longattn.ops.local_attention`
+        on one device.
+    """
+    _require_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.ops import local_attention
+
+    _check_shapes(query, key, value, key_mask)
+    for name, extent in (("look_back", look_back), ("look_ahead", look_ahead)):
+        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 0:
+            raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={extent!r}")
+    look_back, look_ahead = int(look_back), int(look_ahead)
+    jmesh = _jax_mesh(mesh)
+    num = _axis_size(jmesh, sequence_axis, "sequence_axis")
+    _axis_size(jmesh, batch_axis, "batch_axis")
+    _axis_size(jmesh, head_axis, "head_axis")
+    n = int(query.shape[1])
+    if int(key.shape[1]) != n:
+        raise ValueError(
+            "halo_local_attention needs query and key of the same length. "
+            f"Received: query length {n}, key length {int(key.shape[1])}"
+        )
+    _check_divisible(n, num, "query", "the devices of the sequence axis")
+    shard = n // num
+    if num > 1 and max(look_back, look_ahead) > shard:
+        raise ValueError(
+            f"Each device holds {shard} positions (length {n} over {num} devices), fewer "
+            "than the window extent: the halo would span more than one neighbour. "
+            f"Received: look_back={look_back}, look_ahead={look_ahead}"
+        )
+    if key_mask is None:
+        key_mask = jnp.ones((key.shape[0], n), bool)
+    key_mask = jnp.asarray(key_mask).astype(bool)
+    to_right = [(i, i + 1) for i in range(num - 1)]
+    to_left = [(i + 1, i) for i in range(num - 1)]
+
+    def halo(x, axis_len, take_last):
+        # Devices without a neighbour on that side receive zeros (False).
+        piece = x[:, -axis_len:] if take_last else x[:, :axis_len]
+        if num == 1:
+            return jnp.zeros_like(piece)
+        return jax.lax.ppermute(piece, sequence_axis, to_right if take_last else to_left)
+
+    def body(q, k, v, km):
+        # Only keys, values and their mask travel; the halo's query rows are
+        # zeros, computed and dropped (O(w) extra rows per device).
+        before = [halo(x, look_back, True) for x in (k, v, km)] if look_back else None
+        after = [halo(x, look_ahead, False) for x in (k, v, km)] if look_ahead else None
+
+        def extend(x, i=None):
+            pad = (lambda m: jnp.zeros((x.shape[0], m) + x.shape[2:], x.dtype))
+            first = (pad(look_back) if i is None else before[i]) if look_back else None
+            last = (pad(look_ahead) if i is None else after[i]) if look_ahead else None
+            return jnp.concatenate([p for p in (first, x, last) if p is not None], axis=1)
+
+        qe = extend(q)
+        ke, ve, kme = (extend(x, i) for i, x in enumerate((k, v, km)))
+        out = local_attention(qe, ke, ve, look_back, look_ahead, block_size=block_size,
+                              key_mask=kme, scale=scale)
+        return out[:, look_back:look_back + q.shape[1]]
+
+    tokens, _, mask = _specs(batch_axis, sequence_axis, head_axis)
+    run = jax.shard_map(
+        body,
+        mesh=jmesh,
+        in_specs=(tokens, tokens, tokens, mask),
+        out_specs=tokens,
+        check_vma=False,
+    )
+    return run(query, key, value, key_mask)

@@ -1,0 +1,162 @@
+"""What a distributed program costs each device, read from XLA's compiled
+program (JAX): temporary memory from its memory analysis and the bytes its
+collectives move, from the optimised HLO.
+
+Used by the tests of :mod:`keras_longattn.parallel` and by
+``python -m keras_longattn.parallel.measure`` (the scaling table of the
+distributed-training guide). Compiling needs no device memory, so the
+figures can be taken for sequence lengths that would not run on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["collective_bytes", "compiled_cost", "scaling_rows", "main"]
+
+#: HLO collective instructions whose results are counted as traffic.
+COLLECTIVES = ("collective-permute", "all-gather", "all-reduce", "all-to-all",
+               "reduce-scatter")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+
+
+def _shape_bytes(text):
+    total = 0
+    for dtype, dims in _SHAPE.findall(text):
+        count = 1
+        for dim in filter(None, dims.split(",")):
+            count *= int(dim)
+        total += count * _BYTES[dtype]
+    return total
+
+
+def collective_bytes(hlo_text):
+    """``{collective: bytes}`` of the results of the collectives in an HLO
+    module's text (one device's program; a ``-start``/``-done`` pair counts
+    once), and ``"total"``."""
+    counts = {name: 0 for name in COLLECTIVES}
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.search(line)
+        if not match:
+            continue
+        shape = match.group("shape")
+        if match.group(0).rstrip("(").endswith("-start"):
+            # An async start returns (operands, results, ...): count results.
+            pieces = _SHAPE.findall(shape)
+            shape = "".join(f"{d}[{s}]" for d, s in pieces[len(pieces) // 2:])
+        counts[match.group("op")] += _shape_bytes(shape)
+    counts["total"] = sum(counts[name] for name in COLLECTIVES)
+    return counts
+
+
+def compiled_cost(fn, *args):
+    """Compiles ``jax.jit(fn)`` for ``args`` (arrays or
+    ``jax.ShapeDtypeStruct`` with shardings) and returns one device's
+    ``temp_bytes``, ``argument_bytes``, ``output_bytes`` and the bytes its
+    collectives move (``collective_bytes``)."""
+    import jax
+
+    compiled = jax.jit(fn).lower(*args).compile()
+    analysis = compiled.memory_analysis()
+    return {
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+        "collective_bytes": collective_bytes(compiled.as_text())["total"],
+    }
+
+
+def _training_step(kind, mesh, axis, window, causal):
+    """Forward + backward of one attention call with the sequence sharded."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.parallel.context import halo_local_attention, ring_attention
+
+    def loss(q, k, v):
+        if kind == "local":
+            out = halo_local_attention(q, k, v, mesh=mesh, sequence_axis=axis,
+                                       look_back=window - 1 if causal else window // 2,
+                                       look_ahead=0 if causal else window // 2)
+        else:
+            out = ring_attention(q, k, v, mesh=mesh, sequence_axis=axis, causal=causal)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def scaling_rows(kinds=("local", "full"), length=65536, devices=(1, 2, 4, 8), batch=1,
+                 heads=4, head_dim=64, window=512, causal=True, dtype="float32"):
+    """Per-device cost of a forward + backward pass of context-parallel
+    attention (:func:`compiled_cost`) for each kind and device count, from
+    the compiled programs."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    available = jax.devices()
+    rows = []
+    for kind in kinds:
+        for count in devices:
+            if count > len(available):
+                raise ValueError(
+                    f"`devices` asks for {count} devices; JAX has {len(available)}. "
+                    "On the CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                    "before JAX starts.")
+            mesh = Mesh(np.array(available[:count]), ("sequence",))
+            sharding = NamedSharding(mesh, PartitionSpec(None, "sequence", None, None))
+            spec = jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype,
+                                        sharding=sharding)
+            cost = compiled_cost(_training_step(kind, mesh, "sequence", window, causal),
+                                 spec, spec, spec)
+            rows.append({"kind": kind, "devices": count, "length": length, **cost})
+    return rows
+
+
+def _platform():
+    import jax
+
+    return {"jax": jax.__version__, "platform": jax.devices()[0].platform,
+            "device_kind": jax.devices()[0].device_kind}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_longattn.parallel.measure",
+        description="Per-device temporary memory and collective traffic of "
+                    "context-parallel attention (forward + backward), from "
+                    "XLA's compiled programs.")
+    parser.add_argument("--length", type=int, default=65536)
+    parser.add_argument("--devices", default="1,2,4,8")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--kinds", default="local,full")
+    parser.add_argument("--output", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    devices = tuple(int(d) for d in args.devices.split(","))
+    rows = scaling_rows(kinds=tuple(args.kinds.split(",")), length=args.length,
+                        devices=devices, heads=args.heads, head_dim=args.head_dim,
+                        window=args.window)
+    for row in rows:
+        print(f"{row['kind']:6s} devices={row['devices']}  temp={row['temp_bytes'] / 2**20:10.1f} MiB"
+              f"  collectives={row['collective_bytes'] / 2**20:10.2f} MiB")
+    if args.output:
+        from keras_longattn.reproductions.provenance import collect
+
+        record = {"rows": rows, "parameters": vars(args), "platform": _platform(),
+                  "provenance": collect()}
+        Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

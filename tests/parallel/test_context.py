@@ -1,0 +1,195 @@
+"""Context parallelism (keras_longattn.parallel.context) on 8 simulated
+devices: ring attention equals the dense reference and halo local attention
+equals the one-device blocked band, values and gradients, causal and not,
+with padding; the halo's traffic does not grow with the sequence, the ring's
+does; per-device memory falls with the devices; bad arguments are refused.
+
+Tolerance: float32, 1e-5 absolute on values and gradients.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_longattn.parallel import causal_schedule
+from keras_longattn.parallel import context_parallel_refusal
+from keras_longattn.parallel import halo_local_attention
+from keras_longattn.parallel import ring_attention
+from keras_longattn.parallel import zigzag_order
+
+B, T, H, D = 2, 64, 2, 8
+ATOL = 1e-5
+
+
+def _inputs(length=T, seed=0):
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, length, H, D)).astype("float32"))
+               for _ in range(3))
+    mask = np.ones((B, length), bool)
+    mask[1, length - 13:] = False  # right padding on the second example
+    mask[0, 5:9] = False  # a gap in the middle of the first
+    return q, k, v, jnp.asarray(mask)
+
+
+def _mesh(shape=(2, 4), names=("batch", "sequence")):
+    return keras.distribution.DeviceMesh(shape, names, keras.distribution.list_devices()[:8])
+
+
+def _close(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=ATOL, rtol=1e-5)
+
+
+def _grads(fn, q, k, v):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize("causal,load_balance", [(False, True), (True, True), (True, False)])
+def test_ring_equals_reference(devices, causal, load_balance):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.ops import reference_attention
+
+    q, k, v, km = _inputs()
+    mask = km[:, None, :]
+    if causal:
+        mask = jnp.logical_and(mask, jnp.tril(jnp.ones((T, T), bool))[None])
+    mesh = _mesh()
+
+    def ring(q, k, v):
+        return ring_attention(q, k, v, mesh=mesh, sequence_axis="sequence", batch_axis="batch",
+                              causal=causal, key_mask=km, load_balance=load_balance)
+
+    def dense(q, k, v):
+        return reference_attention(q, k, v, mask=mask)
+
+    _close(jax.jit(ring)(q, k, v), dense(q, k, v))
+    for got, want in zip(_grads(ring, q, k, v), _grads(dense, q, k, v)):
+        _close(got, want)
+
+
+def test_ring_heads_sharded_and_cross_lengths(devices):
+    """Heads on one mesh axis, sequence on the other; keys longer than the
+    queries (not causal)."""
+    import jax.numpy as jnp
+
+    from keras_longattn.ops import reference_attention
+
+    q = _inputs(32)[0]
+    _, k, v, km = _inputs(64, seed=1)
+    mesh = _mesh((2, 4), ("heads", "sequence"))
+    out = ring_attention(q, k, v, mesh=mesh, sequence_axis="sequence", head_axis="heads",
+                         key_mask=km)
+    _close(out, reference_attention(q, k, v, mask=km[:, None, :]))
+    assert out.dtype == jnp.float32
+
+
+def test_causal_schedule_is_exact_and_balanced():
+    """The sub-blocks a causal ring pass computes: exactly those holding a
+    visible (query, key) pair, and as many on every device (zigzag)."""
+    for length, num in ((16, 2), (64, 4), (128, 8)):
+        table = causal_schedule(length, num)
+        order, _ = zigzag_order(length, num)
+        chunks = order.reshape(num, 2, -1)
+        for step in range(num):
+            for device in range(num):
+                source = (device - step) % num
+                for a in range(2):
+                    for c in range(2):
+                        pairs = chunks[device, a][:, None] >= chunks[source, c][None, :]
+                        assert table[step, device, a, c] == pairs.any()
+        per_device = table.sum(axis=(0, 2, 3))
+        assert (per_device == per_device[0]).all(), per_device
+        # Half the work of the non-causal pass, plus the diagonal blocks.
+        assert per_device[0] == 2 * num + 1
+
+
+@pytest.mark.parametrize("look_back,look_ahead", [(7, 0), (3, 5), (8, 8)])
+def test_halo_equals_one_device(devices, look_back, look_ahead):
+    import jax
+
+    from keras_longattn.ops import local_attention
+
+    q, k, v, km = _inputs()
+    mesh = _mesh()
+
+    def halo(q, k, v):
+        return halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence",
+                                    batch_axis="batch", look_back=look_back,
+                                    look_ahead=look_ahead, key_mask=km)
+
+    def band(q, k, v):
+        return local_attention(q, k, v, look_back, look_ahead, key_mask=km)
+
+    _close(jax.jit(halo)(q, k, v), band(q, k, v))
+    for got, want in zip(_grads(halo, q, k, v), _grads(band, q, k, v)):
+        _close(got, want)
+
+
+def test_halo_traffic_is_the_window_and_ring_traffic_the_sequence(devices):
+    """Bytes the collectives move per device, forward + backward, from the
+    compiled programs: constant in n for the halo, growing with n for the
+    ring; per-device temporary memory of the halo falls with the devices."""
+    from keras_longattn.parallel.measure import scaling_rows
+
+    small = {(r["kind"], r["devices"]): r for r in scaling_rows(
+        length=512, devices=(1, 2, 8), heads=2, head_dim=8, window=16)}
+    large = {(r["kind"], r["devices"]): r for r in scaling_rows(
+        length=2048, devices=(8,), heads=2, head_dim=8, window=16)}
+    assert small[("local", 1)]["collective_bytes"] == 0
+    halo = small[("local", 8)]["collective_bytes"]
+    assert halo > 0
+    assert large[("local", 8)]["collective_bytes"] == halo
+    # At most a window of keys and of values, forward and backward (float32).
+    assert halo <= 4 * 16 * 2 * 8 * 4
+    ring_small = small[("full", 8)]["collective_bytes"]
+    assert large[("full", 8)]["collective_bytes"] >= 3.5 * ring_small
+    memory = [small[("local", p)]["temp_bytes"] for p in (1, 2, 8)]
+    assert memory[1] < 0.7 * memory[0] and memory[2] < 0.3 * memory[0], memory
+
+
+def test_zigzag_order():
+    order, inverse = zigzag_order(16, 4)
+    assert order.tolist()[:4] == [0, 1, 14, 15]
+    assert order.tolist()[4:8] == [2, 3, 12, 13]
+    assert (order[inverse] == np.arange(16)).all()
+    with pytest.raises(ValueError, match="length=10"):
+        zigzag_order(10, 4)
+
+
+def test_refusals(devices):
+    q, k, v, km = _inputs()
+    mesh = _mesh((8,), ("sequence",))
+    with pytest.raises(ValueError, match="sequence_axis.*'seq'"):
+        ring_attention(q, k, v, mesh=mesh, sequence_axis="seq")
+    with pytest.raises(TypeError, match="mesh"):
+        ring_attention(q, k, v, mesh="mesh", sequence_axis="sequence")
+    with pytest.raises(ValueError, match="multiple of 16.*length 40"):
+        ring_attention(q[:, :40], k[:, :40], v[:, :40], mesh=mesh, sequence_axis="sequence",
+                       causal=True)
+    with pytest.raises(ValueError, match="same length"):
+        ring_attention(q[:, :32], k, v, mesh=mesh, sequence_axis="sequence", causal=True)
+    with pytest.raises(ValueError, match="key_mask"):
+        ring_attention(q, k, v, mesh=mesh, sequence_axis="sequence", key_mask=km[:, :8])
+    with pytest.raises(ValueError, match="query.shape"):
+        ring_attention(q[0], k, v, mesh=mesh, sequence_axis="sequence")
+    with pytest.raises(ValueError, match="8 positions.*look_back=9"):
+        halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence", look_back=9)
+    with pytest.raises(ValueError, match="look_ahead=-1"):
+        halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence", look_back=2,
+                             look_ahead=-1)
+
+
+def test_other_backends_refuse():
+    assert context_parallel_refusal("jax") is None
+    for backend in ("tensorflow", "torch"):
+        assert "JAX backend only" in context_parallel_refusal(backend)
+    if keras.backend.backend() != "jax":
+        x = np.zeros((1, 8, 1, 4), "float32")
+        with pytest.raises(NotImplementedError, match="JAX backend only"):
+            ring_attention(x, x, x, mesh=None, sequence_axis="sequence")
