@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["collective_bytes", "compiled_cost", "scaling_rows", "main"]
+__all__ = ["collective_bytes", "compiled_cost", "markdown_table", "scaling_rows", "summarize", "main"]
 
 #: HLO collective instructions whose results are counted as traffic.
 COLLECTIVES = ("collective-permute", "all-gather", "all-reduce", "all-to-all",
@@ -121,6 +121,43 @@ def scaling_rows(kinds=("local", "full"), length=65536, devices=(1, 2, 4, 8), ba
     return rows
 
 
+def summarize(rows):
+    """Per kind: each device count's temporary memory as a share of one
+    device's (``memory_share``), next to ``1 / devices``, and the collective
+    traffic per device in MiB."""
+    summary = {}
+    for kind in sorted({row["kind"] for row in rows}):
+        mine = {row["devices"]: row for row in rows if row["kind"] == kind}
+        one = mine.get(1)
+        summary[kind] = {
+            str(count): {
+                "temp_mib": round(row["temp_bytes"] / 2**20, 1),
+                "collective_mib": round(row["collective_bytes"] / 2**20, 3),
+                "memory_share": (round(row["temp_bytes"] / one["temp_bytes"], 4)
+                                 if one else None),
+                "ideal_share": round(1 / count, 4),
+            }
+            for count, row in sorted(mine.items())
+        }
+    return summary
+
+
+def markdown_table(rows):
+    """The rows as a Markdown table (kind, devices, temporary memory per
+    device, its share of one device's, collective traffic per device)."""
+    summary = summarize(rows)
+    names = {"local": "Local (halo exchange)", "full": "Full (ring)"}
+    lines = ["| attention | devices | temporary memory per device (MiB) | share of 1 device "
+             "| 1 / devices | collectives per device (MiB) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for kind, counts in summary.items():
+        for count, cell in counts.items():
+            share = "-" if cell["memory_share"] is None else f"{cell['memory_share']:.3f}"
+            lines.append(f"| {names.get(kind, kind)} | {count} | {cell['temp_mib']:,.1f} | {share} "
+                         f"| {cell['ideal_share']:.3f} | {cell['collective_mib']:,.2f} |")
+    return "\n".join(lines)
+
+
 def _platform():
     import jax
 
@@ -152,8 +189,8 @@ def main(argv=None):
     if args.output:
         from keras_longattn.reproductions.provenance import collect
 
-        record = {"rows": rows, "parameters": vars(args), "platform": _platform(),
-                  "provenance": collect()}
+        record = {"rows": rows, "summary": summarize(rows), "table": markdown_table(rows),
+                  "parameters": vars(args), "platform": _platform(), "provenance": collect()}
         Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
