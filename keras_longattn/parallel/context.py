@@ -37,7 +37,6 @@ Other Keras backends refuse: :func:`context_parallel_refusal` says why.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -349,16 +348,28 @@ def ring_attention(
         step = jax.checkpoint(step)
     ring = [(i, (i + 1) % num) for i in range(num)]
 
+    table = None if schedule is None else jnp.asarray(schedule)
+
     def body(q, k, v, qp, kp, km):
         q = q * jnp.asarray(scale, q.dtype)
-        out, lse = _empty_part(q, v)
         device = jax.lax.axis_index(sequence_axis)
-        for i in range(num):
-            visible = None if schedule is None else jnp.asarray(schedule[i])[device]
+
+        # One ring step per iteration of a scan: the buffers of a step are
+        # reused by the next (an unrolled loop lets XLA keep every step's).
+        def one(carry, i):
+            out, lse, k, v, kp, km = carry
+            visible = None if table is None else table[i, device]
             out, lse = _merge(out, lse, *step(q, k, v, qp, kp, km, visible))
-            if i < num - 1:
-                k, v, kp, km = (jax.lax.ppermute(x, sequence_axis, ring)
-                                for x in (k, v, kp, km))
+            k, v, kp, km = (jax.lax.ppermute(x, sequence_axis, ring) for x in (k, v, kp, km))
+            return (out, lse, k, v, kp, km), None
+
+        out, lse = _empty_part(q, v)
+        carry = (out, lse, k, v, kp, km)
+        if num > 1:
+            carry, _ = jax.lax.scan(one, carry, jnp.arange(num - 1))
+        out, lse, k, v, kp, km = carry
+        last = None if table is None else table[num - 1, device]
+        out, lse = _merge(out, lse, *step(q, k, v, qp, kp, km, last))
         return out.astype(dtype)
 
     tokens, positions, mask = _specs(batch_axis, sequence_axis, head_axis)

@@ -39,7 +39,10 @@ files give, ``--write`` rewrites it. Four kinds of region:
   Both stand on lines of their own, like a table.
 
 **Sources.** ``NAME`` is ``docs/results/NAME.json``; ``benchmarks`` is
-``docs/benchmarks/results.json``.
+``docs/benchmarks/results.json``, ``context_parallel``
+``docs/parallel/context_parallel.json``.
+
+**Pages**: ``papers/*.md`` and the guides of :data:`OTHER_PAGES`.
 
 **Paths** are keys joined by dots: ``metrics.k64_acc_mean``,
 ``scaling.full.1024.median_ms``; a number indexes a list
@@ -125,9 +128,14 @@ SOFT_KINDS = ("results-stale",)
 #: The folder of the committed results of the notebooks.
 RESULTS_DIR = Path("docs") / "results"
 #: Sources that are not ``docs/results/<name>.json``.
-NAMED_SOURCES = {"benchmarks": Path("docs") / "benchmarks" / "results.json"}
+NAMED_SOURCES = {
+    "benchmarks": Path("docs") / "benchmarks" / "results.json",
+    "context_parallel": Path("docs") / "parallel" / "context_parallel.json",
+}
 #: The paper pages, relative to the checkout.
 PAGES_GLOB = "papers/*.md"
+#: Other pages with generated regions, relative to the checkout.
+OTHER_PAGES = ("docs/guides/distributed.md",)
 OPTIONS = ("fmt", "join", "none", "only")
 _FUNCTIONS = {
     "min": min,
@@ -671,9 +679,11 @@ def render_page(text: str, sources: Sources) -> str:
 
 
 def default_pages(root: str | os.PathLike | None = None) -> list[Path]:
-    """The paper pages of the checkout ``root`` (``papers/*.md``), by name."""
+    """The paper pages of the checkout ``root`` (``papers/*.md``), by name,
+    then the other pages of :data:`OTHER_PAGES` that exist there."""
     root = Path(root).resolve() if root is not None else provenance.PACKAGE_PARENT
-    return sorted(root.glob(PAGES_GLOB))
+    others = [root / page for page in OTHER_PAGES if (root / page).is_file()]
+    return sorted(root.glob(PAGES_GLOB)) + others
 
 
 def _page_mismatches(page: Path, sources: Sources) -> list[Mismatch]:

@@ -145,9 +145,14 @@ def test_halo_traffic_is_the_window_and_ring_traffic_the_sequence(devices):
     halo = small[("local", 8)]["collective_bytes"]
     assert halo > 0
     assert large[("local", 8)]["collective_bytes"] == halo
-    # At most a window of keys and of values, forward and backward (float32).
-    assert halo <= 4 * 16 * 2 * 8 * 4
+    # Causal window 16: 15 keys and values (float32, 2 heads of 8) and their
+    # mask forward, the keys' and values' gradients backward.
+    row = 2 * 8 * 4
+    assert halo == 15 * row * 2 + 15 + 15 * row * 2
     ring_small = small[("full", 8)]["collective_bytes"]
+    # 7 ring steps of a 64-token block: keys, values, positions (int32) and
+    # mask forward; the keys' and values' gradients backward.
+    assert ring_small == 7 * (64 * row * 2 + 64 * 4 + 64) + 7 * (64 * row * 2)
     assert large[("full", 8)]["collective_bytes"] >= 3.5 * ring_small
     memory = [small[("local", p)]["temp_bytes"] for p in (1, 2, 8)]
     assert memory[1] < 0.7 * memory[0] and memory[2] < 0.3 * memory[0], memory
