@@ -1,5 +1,6 @@
-"""Model parallelism: a ``keras.distribution.LayoutMap`` for the layers and
-builders of this package.
+"""Model and context parallelism on ``keras.distribution``: a
+``LayoutMap`` for the layers and builders of this package, and a
+distribution that splits the sequence axis of the inputs.
 
 :func:`layout_map` shards, over the ``model`` axis of a device mesh, the
 weights Megatron-style tensor parallelism splits:
@@ -35,7 +36,9 @@ Example (8 devices: 4-way data parallel, 2-way model parallel)::
 
 from __future__ import annotations
 
-__all__ = ["layout_map", "LAYOUT_RULES"]
+import keras
+
+__all__ = ["ContextParallel", "layout_map", "LAYOUT_RULES"]
 
 #: ``(path regex, layout)`` pairs; in a layout, ``"model"`` stands for the
 #: model axis and None for a replicated dimension.
@@ -75,8 +78,6 @@ def layout_map(device_mesh, model_axis="model", shard_key_value_heads=True):
         NotImplementedError: on a Keras backend other than JAX (where
             ``keras.distribution`` does not run).
     """
-    import keras
-
     if keras.backend.backend() != "jax":
         raise NotImplementedError(
             "keras.distribution (DeviceMesh, LayoutMap, ModelParallel) runs on the JAX "
@@ -98,3 +99,66 @@ def layout_map(device_mesh, model_axis="model", shard_key_value_heads=True):
             axes = (None,) * len(axes)
         result[pattern] = tuple(model_axis if a == "model" else None for a in axes)
     return result
+
+
+class ContextParallel(keras.distribution.ModelParallel):
+    """``keras.distribution.ModelParallel`` that also splits the
+    sequence: model inputs of rank >= 2 are laid out with their batch
+    axis on ``batch_dim_name`` and their second (sequence) axis on
+    ``sequence_dim_name``; the weights follow ``layout_map`` (default:
+    replicated, see :func:`layout_map` to also split heads).
+
+    XLA partitions the position-wise parts of a model (embeddings,
+    projections, feed-forward, norms) along the sequence from this
+    layout. Inside attention it gathers what each query needs, unless
+    the attention core runs as
+    :func:`~keras_longattn.parallel.ring_attention` or
+    :func:`~keras_longattn.parallel.halo_local_attention`, which send only
+    key/value blocks or the window's halo between devices.
+
+    Args:
+        device_mesh: a ``keras.distribution.DeviceMesh`` holding both
+            axes.
+        sequence_dim_name: the mesh axis of the sequence.
+        batch_dim_name: the mesh axis of the batch (None: no batch
+            split, e.g. a mesh with the sequence axis only).
+        layout_map: the weights' layouts (default: all replicated).
+        auto_shard_dataset: as ``keras.distribution.ModelParallel``.
+    """
+
+    def __init__(self, device_mesh, sequence_dim_name="sequence", batch_dim_name="batch",
+                 layout_map=None, auto_shard_dataset=True):
+        if not isinstance(device_mesh, keras.distribution.DeviceMesh):
+            raise TypeError(
+                "`device_mesh` must be a keras.distribution.DeviceMesh. "
+                f"Received: device_mesh={device_mesh!r}")
+        names = tuple(device_mesh.axis_names)
+        if sequence_dim_name not in names:
+            raise ValueError(
+                f"`sequence_dim_name` must name an axis of the mesh {names}. "
+                f"Received: sequence_dim_name={sequence_dim_name!r}")
+        if batch_dim_name is not None and batch_dim_name not in names:
+            raise ValueError(
+                f"`batch_dim_name` must name an axis of the mesh {names} or be None. "
+                f"Received: batch_dim_name={batch_dim_name!r}")
+        if batch_dim_name == sequence_dim_name:
+            raise ValueError(
+                "`batch_dim_name` and `sequence_dim_name` must be different axes. "
+                f"Received: both {batch_dim_name!r}")
+        if layout_map is None:
+            layout_map = keras.distribution.LayoutMap(device_mesh)
+        elif layout_map.device_mesh is not device_mesh:
+            raise ValueError("`layout_map` must be built on `device_mesh`.")
+        super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name,
+                         auto_shard_dataset=auto_shard_dataset)
+        # ModelParallel falls back to the mesh's first axis.
+        self._batch_dim_name = batch_dim_name
+        self.sequence_dim_name = sequence_dim_name
+
+    def get_data_layout(self, data_shape):
+        spec = [None] * len(data_shape)
+        if spec:
+            spec[0] = self.batch_dim_name
+        if len(spec) >= 2:
+            spec[1] = self.sequence_dim_name
+        return keras.distribution.TensorLayout(spec, self.device_mesh)

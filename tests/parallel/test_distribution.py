@@ -15,6 +15,7 @@ import pytest
 from keras_longattn import layers as L
 from keras_longattn.models import build_causal_language_model
 from keras_longattn.models import build_sequence_classifier
+from keras_longattn.parallel import ContextParallel
 from keras_longattn.parallel import layout_map
 
 LENGTH = 32
@@ -135,6 +136,37 @@ def test_data_parallel_equals_one_device(devices, name):
         # Training moved the centroids (the check above is not on constants).
         before = [w for w, v in zip(weights, distributed[0].weights) if "centroids" in v.path]
         assert any(not np.allclose(b, np.asarray(v.value)) for b, v in zip(before, centroids))
+
+
+@pytest.mark.parametrize("name", ["local", "full"])
+def test_context_parallel_distribution_equals_one_device(devices, name):
+    """Inputs split over batch (2) and sequence (4): the same logits, losses
+    and trained weights as one device."""
+    mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "sequence"),
+                                         keras.distribution.list_devices()[:8])
+    distribution = ContextParallel(mesh)
+    assert distribution.get_data_layout((BATCH, LENGTH)).axes == ("batch", "sequence")
+    assert distribution.get_data_layout((BATCH, LENGTH, DIM)).axes == (
+        "batch", "sequence", None)
+    weights, reference = _reference(name)
+    _compare(reference, _run(name, weights, distribution))
+
+
+def test_context_parallel_arguments(devices):
+    mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "sequence"),
+                                         keras.distribution.list_devices()[:8])
+    with pytest.raises(ValueError, match="sequence_dim_name.*'seq'"):
+        ContextParallel(mesh, sequence_dim_name="seq")
+    with pytest.raises(ValueError, match="batch_dim_name.*'data'"):
+        ContextParallel(mesh, batch_dim_name="data")
+    with pytest.raises(ValueError, match="different axes"):
+        ContextParallel(mesh, batch_dim_name="sequence")
+    with pytest.raises(TypeError, match="device_mesh"):
+        ContextParallel("mesh")
+    only_sequence = ContextParallel(
+        keras.distribution.DeviceMesh((8,), ("sequence",), keras.distribution.list_devices()[:8]),
+        batch_dim_name=None)
+    assert only_sequence.get_data_layout((4, 16)).axes == (None, "sequence")
 
 
 def test_layout_map_arguments():
