@@ -159,7 +159,14 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
     extra docs build browser
   fi
 else
-  for backend in "${backends[@]}"; do unit_tests "$backend" "$@"; done
+  for backend in "${backends[@]}"; do
+    if [ $# -eq 0 ] && [ "$backend" = jax ] && [ -d tests/parallel ]; then
+      unit_tests jax --ignore=tests/parallel
+      KERAS_LONGATTN_HOST_DEVICES=8 UNIT_LABEL=jax-parallel unit_tests jax tests/parallel
+    else
+      unit_tests "$backend" "$@"
+    fi
+  done
   [ $with_extra -eq 1 ] && extra all notebooks lra nbval build browser
 fi
 
