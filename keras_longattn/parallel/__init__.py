@@ -18,6 +18,7 @@ Not imported by ``import keras_longattn``; import it as
 from keras_longattn.parallel.context import causal_schedule
 from keras_longattn.parallel.context import context_parallel_refusal
 from keras_longattn.parallel.context import halo_local_attention
+from keras_longattn.parallel.context import halo_longformer_attention
 from keras_longattn.parallel.context import ring_attention
 from keras_longattn.parallel.context import zigzag_order
 from keras_longattn.parallel.layouts import LAYOUT_RULES
@@ -30,6 +31,7 @@ __all__ = [
     "causal_schedule",
     "context_parallel_refusal",
     "halo_local_attention",
+    "halo_longformer_attention",
     "layout_map",
     "ring_attention",
     "zigzag_order",

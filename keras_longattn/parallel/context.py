@@ -45,6 +45,7 @@ from keras_longattn.kernels.constants import MASKED_LOGIT
 __all__ = [
     "context_parallel_refusal",
     "halo_local_attention",
+    "halo_longformer_attention",
     "ring_attention",
     "causal_schedule",
     "zigzag_order",
@@ -493,3 +494,200 @@ def halo_local_attention(
         check_vma=False,
     )
     return run(query, key, value, key_mask)
+
+
+def _from_first_device(x, axis):
+    """``x`` of the first device of ``axis`` on every device (the others
+    contribute zeros to one sum)."""
+    import jax
+    import jax.numpy as jnp
+
+    first = jax.lax.axis_index(axis) == 0
+    if x.dtype == jnp.bool_:
+        return jax.lax.psum(jnp.where(first, x, False).astype(jnp.int32), axis) > 0
+    return jax.lax.psum(jnp.where(first, x, jnp.zeros_like(x)), axis)
+
+
+def halo_longformer_attention(
+    query,
+    key,
+    value,
+    *,
+    mesh,
+    sequence_axis,
+    window,
+    dilation=1,
+    causal=False,
+    global_tokens=0,
+    global_query=None,
+    global_key=None,
+    global_value=None,
+    batch_axis=None,
+    key_mask=None,
+    scale=None,
+    block_size=None,
+):
+    """Longformer attention (:class:`~keras_longattn.layers.LongformerAttention`'s
+    pattern: a dilated sliding window plus the first ``global_tokens``
+    positions as global tokens) with the sequence sharded over a mesh axis.
+
+    What travels between devices: the window's halo (``dilation x`` the
+    window's extent, keys, values and their mask) from the neighbouring
+    devices; the global tokens' keys and values and the global queries'
+    partial results (sums over each device's keys, merged by their
+    log-sum-exp): O(w + g) per device, independent of the sequence length.
+
+    Args:
+        query, key, value: ``(B, n, H, d)``, ``(B, n, H, d)``, ``(B, n, H, dv)``:
+            the ordinary projections, ``n`` a multiple of the ``P`` devices of
+            ``sequence_axis``, with ``n / P`` at least the halo
+            (``max(dilation) x window`` causal, half that otherwise) and at
+            least ``global_tokens``.
+        mesh, sequence_axis, batch_axis: as :func:`ring_attention` (heads
+            are not sharded: a head's dilation is a static property).
+        window: ``w``, even: ``w`` keys before the query when causal, ``w / 2``
+            on each side otherwise (:func:`keras_longattn.ops.longformer.window_extents`).
+        dilation: one int or one per head.
+        causal: query ``i`` sees keys ``j <= i`` only (global ones too).
+        global_tokens: ``g``: positions ``0 .. g - 1`` are global.
+        global_query: ``(B, g, H, d)``: the global query projections of
+            the global positions (default: their ordinary queries).
+        global_key, global_value: ``(B, n, H, d)`` / ``(B, n, H, dv)``: the
+            global key and value projections of every position (default:
+            ``key`` and ``value``).
+        key_mask: optional boolean ``(B, n)``, False for padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        block_size: block length of the per-device band.
+
+    Returns:
+        ``(B, n, H, dv)``, equal to
+        :func:`keras_longattn.ops.longformer.longformer_attention` on one
+        device with the slots of ``global_tokens``.
+    """
+    _require_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.ops.blocked import dilated_band_attention
+    from keras_longattn.ops.longformer import check_dilation, window_extents
+
+    _check_shapes(query, key, value, key_mask)
+    jmesh = _jax_mesh(mesh)
+    num = _axis_size(jmesh, sequence_axis, "sequence_axis")
+    _axis_size(jmesh, batch_axis, "batch_axis")
+    n, H = int(query.shape[1]), int(query.shape[2])
+    if int(key.shape[1]) != n:
+        raise ValueError(
+            "halo_longformer_attention needs query and key of the same length. "
+            f"Received: query length {n}, key length {int(key.shape[1])}")
+    _check_divisible(n, num, "query", "the devices of the sequence axis")
+    dilations = check_dilation(dilation, H)
+    look_back, look_ahead = window_extents(window, causal)
+    reach = max(dilations)
+    before, after = reach * look_back, reach * look_ahead
+    shard = n // num
+    if isinstance(global_tokens, bool) or not isinstance(global_tokens, (int, np.integer)) \
+            or global_tokens < 0:
+        raise ValueError("`global_tokens` must be an integer >= 0. "
+                         f"Received: global_tokens={global_tokens!r}")
+    g = int(global_tokens)
+    if num > 1 and max(before, after) > shard:
+        raise ValueError(
+            f"Each device holds {shard} positions (length {n} over {num} devices), fewer than "
+            f"the dilated window's reach {max(before, after)}: the halo would span more than "
+            f"one neighbour. Received: window={window}, dilation={dilation!r}")
+    if g > shard:
+        raise ValueError(
+            f"The global tokens must lie on the first device, which holds {shard} positions. "
+            f"Received: global_tokens={g}")
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    dtype = query.dtype
+    if key_mask is None:
+        key_mask = jnp.ones((key.shape[0], n), bool)
+    key_mask = jnp.asarray(key_mask).astype(bool)
+    global_key = key if global_key is None else global_key
+    global_value = value if global_value is None else global_value
+    if g and global_query is None:
+        global_query = query[:, :g]
+    if g and tuple(global_query.shape) != (query.shape[0], g) + tuple(query.shape[2:]):
+        raise ValueError(
+            "`global_query` must have shape (batch, global_tokens, heads, head_dim) = "
+            f"{(query.shape[0], g) + tuple(query.shape[2:])}. "
+            f"Received: global_query.shape={tuple(global_query.shape)}")
+    to_right = [(i, i + 1) for i in range(num - 1)]
+    to_left = [(i + 1, i) for i in range(num - 1)]
+    groups = {}
+    for head, r in enumerate(dilations):
+        groups.setdefault(r, []).append(head)
+
+    def halo(x, size, take_last):
+        piece = x[:, -size:] if take_last else x[:, :size]
+        if num == 1:
+            return jnp.zeros_like(piece)
+        return jax.lax.ppermute(piece, sequence_axis, to_right if take_last else to_left)
+
+    def extend(x, first, last):
+        return jnp.concatenate([p for p in (first, x, last) if p is not None], axis=1)
+
+    def body(q, k, v, km, kg, vg, qg):
+        c = q.shape[1]
+        device = jax.lax.axis_index(sequence_axis)
+        position = device * c + jnp.arange(c)
+        pads = [(lambda x, m=m: jnp.zeros((x.shape[0], m) + x.shape[2:], x.dtype)) if m else None
+                for m in (before, after)]
+        halos = [[halo(x, before, True) for x in (k, v, km)] if before else [None] * 3,
+                 [halo(x, after, False) for x in (k, v, km)] if after else [None] * 3]
+        qe = extend(q, pads[0](q) if before else None, pads[1](q) if after else None)
+        ke, ve, kme = (extend(x, halos[0][i], halos[1][i]) for i, x in enumerate((k, v, km)))
+        # The band leaves the global keys to the global part.
+        ext_position = device * c - before + jnp.arange(qe.shape[1])
+        band_keys = jnp.logical_and(kme, (ext_position >= g)[None])
+        outs, lses, order = [], [], []
+        for r, heads in groups.items():
+            pick = np.asarray(heads)
+            out, lse = dilated_band_attention(
+                qe[:, :, pick], ke[:, :, pick], ve[:, :, pick], look_back, look_ahead, r,
+                block_size=block_size, key_mask=band_keys, scale=scale)
+            outs.append(out[:, before:before + c])
+            lses.append(lse[:, before:before + c])
+            order.extend(heads)
+        inverse = np.argsort(np.asarray(order))
+        out = jnp.concatenate(outs, axis=2)[:, :, inverse].astype(jnp.float32)
+        lse = jnp.concatenate(lses, axis=2)[:, :, inverse]
+        if not g:
+            return out.astype(dtype)
+        scaled = q * jnp.asarray(scale, q.dtype)
+        # Every query against the global keys (ordinary projections).
+        gk, gv, gm = (_from_first_device(x[:, :g], sequence_axis) for x in (k, v, km))
+        g_pos = jnp.arange(g)
+        part = _masked_part(scaled, gk, gv, position, g_pos, gm, causal)
+        out, lse = _merge(out, lse, *part)
+        # The global rows: each global query against every key (global
+        # projections), a partial sum per device merged across devices.
+        rows, row_lse = _masked_part(qg * jnp.asarray(scale, qg.dtype), kg, vg, g_pos,
+                                     position, km, causal)
+        # A shift for stability only (the merge does not depend on it).
+        top = jax.lax.pmax(jax.lax.stop_gradient(row_lse), sequence_axis)
+        weight = jnp.exp(row_lse - top)
+        total = jax.lax.psum(weight, sequence_axis)
+        rows = jax.lax.psum(rows * weight[..., None], sequence_axis) / total[..., None]
+        is_global = (position < g)[None, :, None, None]
+        rows = jnp.pad(rows, ((0, 0), (0, max(c - g, 0)), (0, 0), (0, 0)))[:, :c]
+        out = jnp.where(is_global, rows, out)
+        return out.astype(dtype)
+
+    tokens, _, mask = _specs(batch_axis, sequence_axis, None)
+    from jax.sharding import PartitionSpec as P
+
+    replicated = P(batch_axis, None, None, None)
+    run = jax.shard_map(
+        body,
+        mesh=jmesh,
+        in_specs=(tokens, tokens, tokens, mask, tokens, tokens, replicated),
+        out_specs=tokens,
+        check_vma=False,
+    )
+    if not g:
+        global_query = jnp.zeros((query.shape[0], 0) + tuple(query.shape[2:]), query.dtype)
+    return run(query, key, value, key_mask, global_key, global_value, global_query)

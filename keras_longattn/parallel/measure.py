@@ -84,15 +84,25 @@ def compiled_cost(fn, *args):
     }
 
 
+#: Global tokens of the "longformer" kind (the first positions).
+LONGFORMER_GLOBAL_TOKENS = 16
+KINDS = ("local", "longformer", "full")
+
+
 def _training_step(kind, mesh, axis, window, causal):
     """Forward + backward of one attention call with the sequence sharded."""
     import jax
     import jax.numpy as jnp
 
-    from keras_longattn.parallel.context import halo_local_attention, ring_attention
+    from keras_longattn.parallel.context import (halo_local_attention,
+                                                 halo_longformer_attention, ring_attention)
 
     def loss(q, k, v):
-        if kind == "local":
+        if kind == "longformer":
+            out = halo_longformer_attention(q, k, v, mesh=mesh, sequence_axis=axis,
+                                            window=window, causal=causal,
+                                            global_tokens=LONGFORMER_GLOBAL_TOKENS)
+        elif kind == "local":
             out = halo_local_attention(q, k, v, mesh=mesh, sequence_axis=axis,
                                        look_back=window - 1 if causal else window // 2,
                                        look_ahead=0 if causal else window // 2)
@@ -103,7 +113,7 @@ def _training_step(kind, mesh, axis, window, causal):
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
-def scaling_rows(kinds=("local", "full"), length=65536, devices=(1, 2, 4, 8), batch=1,
+def scaling_rows(kinds=KINDS, length=65536, devices=(1, 2, 4, 8), batch=1,
                  heads=4, head_dim=64, window=512, causal=True, dtype="float32"):
     """Per-device cost of a forward + backward pass of context-parallel
     attention (:func:`compiled_cost`) for each kind and device count, from
@@ -136,7 +146,7 @@ def summarize(rows):
     device's (``memory_share``), next to ``1 / devices``, and the collective
     traffic per device in MiB."""
     summary = {}
-    for kind in sorted({row["kind"] for row in rows}):
+    for kind in [k for k in KINDS if any(row["kind"] == k for row in rows)]:
         mine = {row["devices"]: row for row in rows if row["kind"] == kind}
         one = mine.get(1)
         summary[kind] = {
@@ -156,7 +166,8 @@ def markdown_table(rows):
     """The rows as a Markdown table (kind, devices, temporary memory per
     device, its share of one device's, collective traffic per device)."""
     summary = summarize(rows)
-    names = {"local": "Local (halo exchange)", "full": "Full (ring)"}
+    names = {"local": "Local (halo exchange)", "full": "Full (ring)",
+             "longformer": f"Longformer (halo, {LONGFORMER_GLOBAL_TOKENS} global tokens)"}
     lines = ["| attention | devices | temporary memory per device (MiB) | share of 1 device "
              "| 1 / devices | collectives per device (MiB) |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -186,7 +197,7 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--kinds", default="local,full")
+    parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     devices = tuple(int(d) for d in args.devices.split(","))

@@ -14,6 +14,7 @@ import pytest
 from keras_longattn.parallel import causal_schedule
 from keras_longattn.parallel import context_parallel_refusal
 from keras_longattn.parallel import halo_local_attention
+from keras_longattn.parallel import halo_longformer_attention
 from keras_longattn.parallel import ring_attention
 from keras_longattn.parallel import zigzag_order
 
@@ -45,7 +46,7 @@ def _grads(fn, q, k, v):
     import jax
     import jax.numpy as jnp
 
-    return jax.grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2))(q, k, v)
+    return jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=(0, 1, 2)))(q, k, v)
 
 
 @pytest.mark.parametrize("causal,load_balance", [(False, True), (True, True), (True, False)])
@@ -68,7 +69,7 @@ def test_ring_equals_reference(devices, causal, load_balance):
     def dense(q, k, v):
         return reference_attention(q, k, v, mask=mask)
 
-    _close(jax.jit(ring)(q, k, v), dense(q, k, v))
+    _close(jax.jit(ring)(q, k, v), jax.jit(dense)(q, k, v))
     for got, want in zip(_grads(ring, q, k, v), _grads(dense, q, k, v)):
         _close(got, want)
 
@@ -126,8 +127,44 @@ def test_halo_equals_one_device(devices, look_back, look_ahead):
     def band(q, k, v):
         return local_attention(q, k, v, look_back, look_ahead, key_mask=km)
 
-    _close(jax.jit(halo)(q, k, v), band(q, k, v))
+    _close(jax.jit(halo)(q, k, v), jax.jit(band)(q, k, v))
     for got, want in zip(_grads(halo, q, k, v), _grads(band, q, k, v)):
+        _close(got, want)
+
+
+@pytest.mark.parametrize("causal,dilation,global_tokens",
+                         [(False, (1, 2), 3), (True, (1, 2), 3), (True, 1, 0)])
+def test_halo_longformer_equals_one_device(devices, causal, dilation, global_tokens):
+    """Window (dilated per head), global keys and global rows with their own
+    projections, padding: equal to the one-device Longformer op."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.ops.longformer import global_slots, longformer_attention
+
+    q, k, v, km = _inputs()
+    _, kg, vg, _ = _inputs(seed=1)
+    g = global_tokens
+    mesh = _mesh()
+
+    def halo(q, k, v, kg, vg):
+        return halo_longformer_attention(
+            q, k, v, mesh=mesh, sequence_axis="sequence", batch_axis="batch", window=4,
+            dilation=dilation, causal=causal, global_tokens=g,
+            global_query=q[:, :g] * 0.5 if g else None, global_key=kg, global_value=vg,
+            key_mask=km)
+
+    def one(q, k, v, kg, vg):
+        return longformer_attention(
+            q, k, v, 4, dilation=dilation, causal=causal,
+            slots=global_slots(T, T, global_tokens=g) if g else None,
+            global_query=q[:, :g] * 0.5 if g else None, global_key=kg if g else None,
+            global_value=vg if g else None, key_mask=km)
+
+    _close(jax.jit(halo)(q, k, v, kg, vg), jax.jit(one)(q, k, v, kg, vg))
+    grads = [jax.jit(jax.grad(lambda *a, f=f: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3, 4)))(
+        q, k, v, kg, vg) for f in (halo, one)]
+    for got, want in zip(*grads):
         _close(got, want)
 
 
@@ -149,13 +186,17 @@ def test_halo_traffic_is_the_window_and_ring_traffic_the_sequence(devices):
     # mask forward, the keys' and values' gradients backward.
     row = 2 * 8 * 4
     assert halo == 15 * row * 2 + 15 + 15 * row * 2
+    # Longformer: the same at both lengths (window halo, global tokens).
+    assert large[("longformer", 8)]["collective_bytes"] == small[("longformer", 8)][
+        "collective_bytes"] > 0
     ring_small = small[("full", 8)]["collective_bytes"]
     # 7 ring steps of a 64-token block: keys, values, positions (int32) and
     # mask forward; the keys' and values' gradients backward.
     assert ring_small == 7 * (64 * row * 2 + 64 * 4 + 64) + 7 * (64 * row * 2)
     assert large[("full", 8)]["collective_bytes"] >= 3.5 * ring_small
-    memory = [small[("local", p)]["temp_bytes"] for p in (1, 2, 8)]
-    assert memory[1] < 0.7 * memory[0] and memory[2] < 0.3 * memory[0], memory
+    for kind in ("local", "longformer"):
+        memory = [small[(kind, p)]["temp_bytes"] for p in (1, 2, 8)]
+        assert memory[1] < 0.7 * memory[0] and memory[2] < 0.3 * memory[0], (kind, memory)
 
 
 def test_zigzag_order():
@@ -185,6 +226,15 @@ def test_refusals(devices):
         ring_attention(q[0], k, v, mesh=mesh, sequence_axis="sequence")
     with pytest.raises(ValueError, match="8 positions.*look_back=9"):
         halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence", look_back=9)
+    with pytest.raises(ValueError, match="reach 16.*window=16"):
+        halo_longformer_attention(q, k, v, mesh=mesh, sequence_axis="sequence", window=16,
+                                  causal=True)
+    with pytest.raises(ValueError, match="first device.*global_tokens=9"):
+        halo_longformer_attention(q, k, v, mesh=mesh, sequence_axis="sequence", window=4,
+                                  global_tokens=9)
+    with pytest.raises(ValueError, match="global_query.shape"):
+        halo_longformer_attention(q, k, v, mesh=mesh, sequence_axis="sequence", window=4,
+                                  global_tokens=2, global_query=q[:, :3])
     with pytest.raises(ValueError, match="look_ahead=-1"):
         halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence", look_back=2,
                              look_ahead=-1)
