@@ -659,7 +659,8 @@ def halo_longformer_attention(
             return out.astype(dtype)
         scaled = q * jnp.asarray(scale, q.dtype)
         # Every query against the global keys (ordinary projections).
-        gk, gv, gm = (_from_first_device(x[:, :g], sequence_axis) for x in (k, v, km))
+        gk, gv, gm = (x[:, :g] if num == 1 else _from_first_device(x[:, :g], sequence_axis)
+                      for x in (k, v, km))
         g_pos = jnp.arange(g)
         part = _masked_part(scaled, gk, gv, position, g_pos, gm, causal)
         out, lse = _merge(out, lse, *part)
@@ -667,11 +668,12 @@ def halo_longformer_attention(
         # projections), a partial sum per device merged across devices.
         rows, row_lse = _masked_part(qg * jnp.asarray(scale, qg.dtype), kg, vg, g_pos,
                                      position, km, causal)
-        # A shift for stability only (the merge does not depend on it).
-        top = jax.lax.pmax(jax.lax.stop_gradient(row_lse), sequence_axis)
-        weight = jnp.exp(row_lse - top)
-        total = jax.lax.psum(weight, sequence_axis)
-        rows = jax.lax.psum(rows * weight[..., None], sequence_axis) / total[..., None]
+        if num > 1:
+            # A shift for stability only (the merge does not depend on it).
+            top = jax.lax.pmax(jax.lax.stop_gradient(row_lse), sequence_axis)
+            weight = jnp.exp(row_lse - top)
+            total = jax.lax.psum(weight, sequence_axis)
+            rows = jax.lax.psum(rows * weight[..., None], sequence_axis) / total[..., None]
         is_global = (position < g)[None, :, None, None]
         rows = jnp.pad(rows, ((0, 0), (0, max(c - g, 0)), (0, 0), (0, 0)))[:, :c]
         out = jnp.where(is_global, rows, out)

@@ -132,9 +132,10 @@ def test_halo_equals_one_device(devices, look_back, look_ahead):
         _close(got, want)
 
 
-@pytest.mark.parametrize("causal,dilation,global_tokens",
-                         [(False, (1, 2), 3), (True, (1, 2), 3), (True, 1, 0)])
-def test_halo_longformer_equals_one_device(devices, causal, dilation, global_tokens):
+@pytest.mark.parametrize("causal,dilation,global_tokens,shape",
+                         [(False, (1, 2), 3, (2, 4)), (True, (1, 2), 3, (2, 4)),
+                          (True, 1, 0, (2, 4)), (False, 2, 3, (1, 1))])
+def test_halo_longformer_equals_one_device(devices, causal, dilation, global_tokens, shape):
     """Window (dilated per head), global keys and global rows with their own
     projections, padding: equal to the one-device Longformer op."""
     import jax
@@ -145,7 +146,8 @@ def test_halo_longformer_equals_one_device(devices, causal, dilation, global_tok
     q, k, v, km = _inputs()
     _, kg, vg, _ = _inputs(seed=1)
     g = global_tokens
-    mesh = _mesh()
+    mesh = keras.distribution.DeviceMesh(shape, ("batch", "sequence"),
+                                         keras.distribution.list_devices()[:shape[0] * shape[1]])
 
     def halo(q, k, v, kg, vg):
         return halo_longformer_attention(
@@ -179,6 +181,9 @@ def test_halo_traffic_is_the_window_and_ring_traffic_the_sequence(devices):
     large = {(r["kind"], r["devices"]): r for r in scaling_rows(
         length=2048, devices=(8,), heads=2, head_dim=8, window=16)}
     assert small[("local", 1)]["collective_bytes"] == 0
+    # On one device only the sum of the (replicated) global queries'
+    # gradient is left: 16 global tokens x 2 heads x 8 x float32.
+    assert small[("longformer", 1)]["collective_bytes"] == 16 * 2 * 8 * 4
     halo = small[("local", 8)]["collective_bytes"]
     assert halo > 0
     assert large[("local", 8)]["collective_bytes"] == halo
