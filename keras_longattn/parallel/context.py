@@ -74,6 +74,20 @@ def _require_jax():
         raise NotImplementedError(reason)
 
 
+def _shard_map(body, mesh, in_specs, out_specs):
+    """``jax.shard_map`` without replication checks (``jax.experimental``'s
+    on JAX releases before it moved)."""
+    import jax
+
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                             check_vma=False)
+    from jax.experimental.shard_map import shard_map
+
+    return shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                     check_rep=False)
+
+
 def _jax_mesh(mesh):
     import jax
 
@@ -374,13 +388,7 @@ def ring_attention(
         return out.astype(dtype)
 
     tokens, positions, mask = _specs(batch_axis, sequence_axis, head_axis)
-    run = jax.shard_map(
-        body,
-        mesh=jmesh,
-        in_specs=(tokens, tokens, tokens, positions, positions, mask),
-        out_specs=tokens,
-        check_vma=False,
-    )
+    run = _shard_map(body, jmesh, (tokens, tokens, tokens, positions, positions, mask), tokens)
     out = run(query, key, value, q_pos, k_pos, key_mask)
     if inverse is not None:
         out = jnp.take(out, inverse, axis=1)
@@ -486,13 +494,7 @@ def halo_local_attention(
         return out[:, look_back:look_back + q.shape[1]]
 
     tokens, _, mask = _specs(batch_axis, sequence_axis, head_axis)
-    run = jax.shard_map(
-        body,
-        mesh=jmesh,
-        in_specs=(tokens, tokens, tokens, mask),
-        out_specs=tokens,
-        check_vma=False,
-    )
+    run = _shard_map(body, jmesh, (tokens, tokens, tokens, mask), tokens)
     return run(query, key, value, key_mask)
 
 
@@ -683,13 +685,8 @@ def halo_longformer_attention(
     from jax.sharding import PartitionSpec as P
 
     replicated = P(batch_axis, None, None, None)
-    run = jax.shard_map(
-        body,
-        mesh=jmesh,
-        in_specs=(tokens, tokens, tokens, mask, tokens, tokens, replicated),
-        out_specs=tokens,
-        check_vma=False,
-    )
+    run = _shard_map(body, jmesh,
+                     (tokens, tokens, tokens, mask, tokens, tokens, replicated), tokens)
     if not g:
         global_query = jnp.zeros((query.shape[0], 0) + tuple(query.shape[2:]), query.dtype)
     return run(query, key, value, key_mask, global_key, global_value, global_query)

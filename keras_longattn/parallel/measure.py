@@ -16,7 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["compiled_cost", "jaxpr_collective_bytes", "markdown_table", "scaling_rows", "summarize", "main"]
+__all__ = ["compiled_cost", "jaxpr_collective_bytes", "markdown_table", "scaling_rows",
+           "summarize", "main"]
 
 #: Collective primitives of a jaxpr (inside ``shard_map``: per device).
 JAXPR_COLLECTIVES = ("ppermute", "psum", "pmax", "pmin", "all_gather", "all_to_all",
@@ -205,7 +206,8 @@ def main(argv=None):
                         devices=devices, heads=args.heads, head_dim=args.head_dim,
                         window=args.window)
     for row in rows:
-        print(f"{row['kind']:6s} devices={row['devices']}  temp={row['temp_bytes'] / 2**20:10.1f} MiB"
+        print(f"{row['kind']:10s} devices={row['devices']}"
+              f"  temp={row['temp_bytes'] / 2**20:10.1f} MiB"
               f"  collectives={row['collective_bytes'] / 2**20:10.2f} MiB")
     if args.output:
         from keras_longattn.reproductions.provenance import collect
