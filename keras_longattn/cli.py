@@ -4,6 +4,9 @@ Subcommands:
 
 * ``bench``: time and peak memory of attention layers
   (:mod:`keras_longattn.benchmarks`).
+* ``decode-bench``: time per generated token and cache memory of the
+  cached layers and keras-hub's ``CachedMultiHeadAttention``
+  (:mod:`keras_longattn.benchmarks.decode`).
 * ``lra``: the offline Long-Range-Arena-style suite: accuracy, time per
   step and peak memory of attention layers on five tasks
   (:mod:`keras_longattn.lra`).
@@ -21,7 +24,8 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-__all__ = ["SUBCOMMANDS", "add_bench_command", "add_lra_command", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "add_bench_command", "add_decode_bench_command", "add_lra_command",
+           "build_parser", "main"]
 
 
 def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,6 +41,23 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     command.add_arguments(parser)
     parser.set_defaults(handler=command.run_from_args, command_parser=parser)
+    return parser
+
+
+def add_decode_bench_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``keras-longattn decode-bench``: see :mod:`keras_longattn.benchmarks.decode`."""
+    from keras_longattn.benchmarks import decode
+
+    parser = subparsers.add_parser(
+        "decode-bench",
+        help="time per generated token and cache memory (one subprocess per layer and context)",
+        description=decode.__doc__.split("\n\n")[0] + " One-token decode steps with a cache, "
+                    "per layer and context, against FullAttention and keras-hub's "
+                    "CachedMultiHeadAttention with a dense sliding-window mask.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    decode.add_arguments(parser)
+    parser.set_defaults(handler=decode.run_from_args, command_parser=parser)
     return parser
 
 
@@ -62,6 +83,7 @@ from keras_longattn.reproduce import add_parser as add_reproduce_command  # noqa
 #: Functions adding one subcommand each, in the order ``--help`` lists them.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     add_bench_command,
+    add_decode_bench_command,
     add_lra_command,
     add_reproduce_command,
 ]

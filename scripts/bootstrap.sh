@@ -13,13 +13,18 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # Reinstall only when the dependency declarations change.
 STAMP="$VENV/.keras-longattn-installed"
-HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-hub.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[setup] installing keras-longattn[jax,tensorflow,torch,notebooks,docs,dev] (constraints.txt pins torch)"
   start=$(date +%s)
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     -c "$ROOT/constraints.txt" -e "$ROOT[jax,tensorflow,torch,notebooks,docs,dev]" \
     2> >(grep -v "^WARNING: Location" >&2)
+  # keras-hub (the decode benchmark's peer) without its dependencies:
+  # tensorflow-text would pull the full tensorflow (see requirements-hub.txt).
+  echo "[setup] installing keras-hub --no-deps (requirements-hub.txt)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    -r "$ROOT/requirements-hub.txt" 2> >(grep -v "^WARNING: Location" >&2)
   echo "$HASH" > "$STAMP"
   echo "[setup] installed in $(( $(date +%s) - start ))s"
 fi
