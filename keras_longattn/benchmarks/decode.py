@@ -48,6 +48,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .command import _int_at_least
+
 __all__ = [
     "LAYERS",
     "PEER",
@@ -550,20 +552,6 @@ def _arg_type(parse, flag):
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     convert.__name__ = flag
-    return convert
-
-
-def _int_at_least(minimum: int):
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    convert.__name__ = "integer"
     return convert
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_longattn._validation import non_negative_int
 from keras_longattn.kernels.constants import MASKED_LOGIT
 
 __all__ = [
@@ -206,23 +207,20 @@ def _specs(batch_axis, sequence_axis, head_axis):
 
 def _masked_part(q, k, v, q_pos, k_pos, k_mask, causal):
     """Attention of ``q`` (scaled) over one key block: ``(out, lse)`` in
-    float32, ``out`` normalised, ``lse`` ``(B, T, H)`` (``MASKED_LOGIT``
-    where a query sees no key of the block)."""
+    float32, ``out`` normalised, ``lse`` ``(B, T, H)`` (about
+    ``MASKED_LOGIT`` where a query sees no key of the block), as
+    :func:`keras_longattn.ops.merge_attention_parts` takes them."""
     import jax.numpy as jnp
+
+    from keras_longattn.ops.reference import softmax_with_lse
 
     scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
     visible = k_mask[:, None, None, :]
     if causal:
         visible = jnp.logical_and(visible, (q_pos[:, None] >= k_pos[None, :])[None, None])
-    scores = jnp.where(visible, scores, MASKED_LOGIT)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    e = jnp.where(visible, jnp.exp(scores - top), 0.0)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    probs = e / jnp.maximum(total, 1e-30)
+    probs, lse = softmax_with_lse(scores, visible)
     out = jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
-    lse = jnp.squeeze(top + jnp.log(jnp.maximum(total, 1e-30)), -1)
-    lse = jnp.where(jnp.any(visible, axis=-1), lse, MASKED_LOGIT)
     return out, jnp.transpose(lse, (0, 2, 1))
 
 
@@ -241,6 +239,38 @@ def _empty_part(q, v):
     b, t, h = q.shape[:3]
     return (jnp.zeros((b, t, h, v.shape[-1]), jnp.float32),
             jnp.full((b, t, h), MASKED_LOGIT, jnp.float32))
+
+
+def _halo(x, size, take_last, num, axis):
+    """The ``size`` last (``take_last``) or first positions of each device's
+    block ``x`` ``(B, c, ...)``, sent to the next (resp. previous) device on
+    ``axis``; a device with no neighbour on that side gets zeros (False)."""
+    import jax
+    import jax.numpy as jnp
+
+    piece = x[:, -size:] if take_last else x[:, :size]
+    if num == 1:
+        return jnp.zeros_like(piece)
+    pairs = ([(i, i + 1) for i in range(num - 1)] if take_last
+             else [(i + 1, i) for i in range(num - 1)])
+    return jax.lax.ppermute(piece, axis, pairs)
+
+
+def _with_halo(x, before, after, num=None, axis=None):
+    """``x`` ``(B, c, ...)`` between its neighbours' ``before`` last and
+    ``after`` first positions (:func:`_halo`), or between zeros when
+    ``axis`` is None (the rows of a halo that is computed and dropped)."""
+    import jax.numpy as jnp
+
+    def side(size, take_last):
+        if not size:
+            return None
+        if axis is None:
+            return jnp.zeros((x.shape[0], size) + tuple(x.shape[2:]), x.dtype)
+        return _halo(x, size, take_last, num, axis)
+
+    pieces = (side(before, True), x, side(after, False))
+    return jnp.concatenate([p for p in pieces if p is not None], axis=1)
 
 
 def _causal_block(q, k, v, q_pos, k_pos, k_mask, visible):
@@ -434,16 +464,13 @@ def halo_local_attention(
         on one device.
     """
     _require_jax()
-    import jax
     import jax.numpy as jnp
 
     from keras_longattn.ops import local_attention
 
     _check_shapes(query, key, value, key_mask)
-    for name, extent in (("look_back", look_back), ("look_ahead", look_ahead)):
-        if isinstance(extent, bool) or not isinstance(extent, (int, np.integer)) or extent < 0:
-            raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={extent!r}")
-    look_back, look_ahead = int(look_back), int(look_ahead)
+    look_back = non_negative_int("look_back", look_back)
+    look_ahead = non_negative_int("look_ahead", look_ahead)
     jmesh = _jax_mesh(mesh)
     num = _axis_size(jmesh, sequence_axis, "sequence_axis")
     _axis_size(jmesh, batch_axis, "batch_axis")
@@ -465,30 +492,12 @@ def halo_local_attention(
     if key_mask is None:
         key_mask = jnp.ones((key.shape[0], n), bool)
     key_mask = jnp.asarray(key_mask).astype(bool)
-    to_right = [(i, i + 1) for i in range(num - 1)]
-    to_left = [(i + 1, i) for i in range(num - 1)]
-
-    def halo(x, axis_len, take_last):
-        # Devices without a neighbour on that side receive zeros (False).
-        piece = x[:, -axis_len:] if take_last else x[:, :axis_len]
-        if num == 1:
-            return jnp.zeros_like(piece)
-        return jax.lax.ppermute(piece, sequence_axis, to_right if take_last else to_left)
-
     def body(q, k, v, km):
         # Only keys, values and their mask travel; the halo's query rows are
         # zeros, computed and dropped (O(w) extra rows per device).
-        before = [halo(x, look_back, True) for x in (k, v, km)] if look_back else None
-        after = [halo(x, look_ahead, False) for x in (k, v, km)] if look_ahead else None
-
-        def extend(x, i=None):
-            pad = (lambda m: jnp.zeros((x.shape[0], m) + x.shape[2:], x.dtype))
-            first = (pad(look_back) if i is None else before[i]) if look_back else None
-            last = (pad(look_ahead) if i is None else after[i]) if look_ahead else None
-            return jnp.concatenate([p for p in (first, x, last) if p is not None], axis=1)
-
-        qe = extend(q)
-        ke, ve, kme = (extend(x, i) for i, x in enumerate((k, v, km)))
+        qe = _with_halo(q, look_back, look_ahead)
+        ke, ve, kme = (_with_halo(x, look_back, look_ahead, num, sequence_axis)
+                       for x in (k, v, km))
         out = local_attention(qe, ke, ve, look_back, look_ahead, block_size=block_size,
                               key_mask=kme, scale=scale)
         return out[:, look_back:look_back + q.shape[1]]
@@ -571,7 +580,7 @@ def halo_longformer_attention(
     import jax.numpy as jnp
 
     from keras_longattn.ops.blocked import dilated_band_attention
-    from keras_longattn.ops.longformer import check_dilation, window_extents
+    from keras_longattn.ops.longformer import _dilation_groups, check_dilation, window_extents
 
     _check_shapes(query, key, value, key_mask)
     jmesh = _jax_mesh(mesh)
@@ -588,11 +597,7 @@ def halo_longformer_attention(
     reach = max(dilations)
     before, after = reach * look_back, reach * look_ahead
     shard = n // num
-    if isinstance(global_tokens, bool) or not isinstance(global_tokens, (int, np.integer)) \
-            or global_tokens < 0:
-        raise ValueError("`global_tokens` must be an integer >= 0. "
-                         f"Received: global_tokens={global_tokens!r}")
-    g = int(global_tokens)
+    g = non_negative_int("global_tokens", global_tokens)
     if num > 1 and max(before, after) > shard:
         raise ValueError(
             f"Each device holds {shard} positions (length {n} over {num} devices), fewer than "
@@ -617,31 +622,14 @@ def halo_longformer_attention(
             "`global_query` must have shape (batch, global_tokens, heads, head_dim) = "
             f"{(query.shape[0], g) + tuple(query.shape[2:])}. "
             f"Received: global_query.shape={tuple(global_query.shape)}")
-    to_right = [(i, i + 1) for i in range(num - 1)]
-    to_left = [(i + 1, i) for i in range(num - 1)]
-    groups = {}
-    for head, r in enumerate(dilations):
-        groups.setdefault(r, []).append(head)
-
-    def halo(x, size, take_last):
-        piece = x[:, -size:] if take_last else x[:, :size]
-        if num == 1:
-            return jnp.zeros_like(piece)
-        return jax.lax.ppermute(piece, sequence_axis, to_right if take_last else to_left)
-
-    def extend(x, first, last):
-        return jnp.concatenate([p for p in (first, x, last) if p is not None], axis=1)
+    groups = _dilation_groups(dilations)
 
     def body(q, k, v, km, kg, vg, qg):
         c = q.shape[1]
         device = jax.lax.axis_index(sequence_axis)
         position = device * c + jnp.arange(c)
-        pads = [(lambda x, m=m: jnp.zeros((x.shape[0], m) + x.shape[2:], x.dtype)) if m else None
-                for m in (before, after)]
-        halos = [[halo(x, before, True) for x in (k, v, km)] if before else [None] * 3,
-                 [halo(x, after, False) for x in (k, v, km)] if after else [None] * 3]
-        qe = extend(q, pads[0](q) if before else None, pads[1](q) if after else None)
-        ke, ve, kme = (extend(x, halos[0][i], halos[1][i]) for i, x in enumerate((k, v, km)))
+        qe = _with_halo(q, before, after)
+        ke, ve, kme = (_with_halo(x, before, after, num, sequence_axis) for x in (k, v, km))
         # The band leaves the global keys to the global part.
         ext_position = device * c - before + jnp.arange(qe.shape[1])
         band_keys = jnp.logical_and(kme, (ext_position >= g)[None])
