@@ -400,6 +400,7 @@ def _pattern_methods(path, H, d):
 #: forward and backward choices are read off separately).
 SWEEP = {
     "default": {},
+    "mask_every_tile": {"skip_full_tiles": False},
     "bwd_whole": {"bwd_q_split": 1, "bwd_k_split": 1},
     "bwd_stages3": {"bwd_num_stages": 3},
     "fwd_stages3_bwd_whole": {"num_stages": 3, "bwd_q_split": 1, "bwd_k_split": 1},

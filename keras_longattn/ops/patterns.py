@@ -57,6 +57,18 @@ class AttentionPattern:
         """
         raise NotImplementedError
 
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        """True where every pair of a tile of consecutive positions
+        ``q_first..q_last`` x ``k_first..k_last`` is allowed (False where
+        some pair is not), or None when the pattern cannot tell from the
+        four bounds.
+
+        The bounds are int scalars (traced inside a kernel). A kernel skips
+        the element mask of a tile this answers True for; None makes it
+        evaluate :meth:`allowed` on every tile.
+        """
+        return None
+
     def segments(self):
         """How the pattern's allowed pairs are grouped, for listing tiles
         without evaluating :meth:`allowed` on every pair, or None
@@ -127,6 +139,9 @@ class FullPattern(AttentionPattern):
     def segments(self):
         return _one_group, _one_group, None, None
 
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        return True
+
     def allowed(self, q_pos, k_pos):
         return ops.equal(q_pos * 0 + k_pos * 0, 0)
 
@@ -139,6 +154,9 @@ class CausalPattern(AttentionPattern):
 
     def segments(self):
         return _one_group, _one_group, None, 0
+
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        return k_last <= q_first
 
     def allowed(self, q_pos, k_pos):
         return ops.less_equal(k_pos, q_pos)
@@ -166,6 +184,11 @@ class LocalPattern(AttentionPattern):
 
     def segments(self):
         return _one_group, _one_group, self.look_back, self.look_ahead
+
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        # The smallest offset of the tile is k_first - q_last, the largest
+        # k_last - q_first.
+        return (k_first - q_last >= -self.look_back) & (k_last - q_first <= self.look_ahead)
 
     def allowed(self, q_pos, k_pos):
         offset = k_pos - q_pos
@@ -209,6 +232,11 @@ class DilatedPattern(AttentionPattern):
             return np.asarray(pos, np.int64) % r
 
         return residue, residue, self.look_back * r, self.look_ahead * r
+
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        if self.dilation != 1:
+            return None
+        return (k_first - q_last >= -self.look_back) & (k_last - q_first <= self.look_ahead)
 
     def allowed(self, q_pos, k_pos):
         offset = k_pos - q_pos
@@ -329,6 +357,15 @@ class Intersection(AttentionPattern):
         return la_layouts.intersect_tiles(
             [p.candidate_tiles(q_positions, k_positions, block) for p in self.patterns],
             np.size(k_positions), block)
+
+    def tile_all_allowed(self, q_first, q_last, k_first, k_last):
+        result = True
+        for p in self.patterns:
+            part = p.tile_all_allowed(q_first, q_last, k_first, k_last)
+            if part is None:
+                return None
+            result = part if result is True else result & part
+        return result
 
     def allowed(self, q_pos, k_pos):
         result = self.patterns[0].allowed(q_pos, k_pos)

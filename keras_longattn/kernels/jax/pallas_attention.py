@@ -82,6 +82,11 @@ class Tiling:
     blocks in chunks of ``block_q // bwd_q_split`` rows. A split tile uses
     its block's layout row, so the visited pairs stay a superset of the
     allowed ones (the predicate is exact). Splits of 1 run whole blocks.
+
+    ``skip_full_tiles``: a tile whose keys are all real and whose pairs
+    the predicate allows without exception (known from the tile's bounds:
+    ``AttentionPattern.tile_all_allowed``, for tokens at their own indices)
+    skips the element mask; the others evaluate it on every pair.
     """
 
     q_split: int = 1
@@ -92,6 +97,7 @@ class Tiling:
     num_stages: int = 2
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
+    skip_full_tiles: bool = True
 
     def __post_init__(self):
         for name in ("q_split", "k_split", "bwd_q_split", "bwd_k_split", "num_warps",
@@ -100,6 +106,9 @@ class Tiling:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(
                     f"`{name}` must be an integer >= 1. Received: {name}={value!r}")
+        if not isinstance(self.skip_full_tiles, bool):
+            raise ValueError("`skip_full_tiles` must be True or False. "
+                             f"Received: skip_full_tiles={self.skip_full_tiles!r}")
 
     def fitted(self, block_q, block_k, min_tile):
         """This tiling with each split lowered until its tiles hold at least
@@ -125,6 +134,9 @@ class _Config:
     block_k: int
     interpret: bool
     tiling: Tiling = Tiling()
+    #: Queries and keys sit at their own indices (no positions passed), so
+    #: a tile's position bounds follow from its place in the grid.
+    contiguous: bool = False
 
     def compiler_params(self, backward=False):
         """Triton's launch parameters where the kernel is compiled for a GPU
@@ -156,6 +168,37 @@ def _allowed(config, q_pos, k_pos, k_valid):
         return jnp.broadcast_to(ok, (q_pos.shape[0], k_pos.shape[1]))
     allowed = jnp.asarray(config.predicate.allowed(q_pos, k_pos))
     return jnp.logical_and(allowed, ok)
+
+
+def _tile_full(config, q_first, tq, k_first, tk, k_valid):
+    """Whether the tile of ``tq`` queries from index ``q_first`` and ``tk``
+    keys from ``k_first`` needs no element mask (a traced boolean), or None
+    when it must always be masked."""
+    if not config.tiling.skip_full_tiles:
+        return None
+    if config.predicate is None:
+        pairs = True
+    elif not config.contiguous:
+        return None
+    else:
+        pairs = config.predicate.tile_all_allowed(
+            q_first, q_first + (tq - 1), k_first, k_first + (tk - 1))
+        if pairs is None or pairs is False:
+            return None
+    real = jnp.min(k_valid) > 0
+    return real if pairs is True else jnp.logical_and(pairs, real)
+
+
+def _masked_logits(config, s, full, q_pos, k_pos, k_valid):
+    """``s`` with the disallowed pairs at ``-inf`` (unchanged where
+    ``full``)."""
+
+    def masked(s):
+        return jnp.where(_allowed(config, q_pos, k_pos, k_valid), s, -jnp.inf)
+
+    if full is None:
+        return masked(s)
+    return lax.cond(full, lambda s: s, masked, s)
 
 
 def _dot_t(a, b):
@@ -198,15 +241,18 @@ def _forward_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_re
     count = rows_ref[0] * split
     # Base-2 logits: exp2(s * log2 e) == exp(s).
     scale = config.scale * LOG2E
+    q_first = pl.program_id(2) * tq
 
     def body(t, carry):
         m, l, acc = carry
-        sl = pl.ds(_chunk_start(rows_ref, t, split, config.block_k, tk), tk)
+        start = _chunk_start(rows_ref, t, split, config.block_k, tk)
+        sl = pl.ds(start, tk)
         k = k_ref[sl, :]
         v = v_ref[sl, :]
-        allowed = _allowed(config, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :])
+        k_valid = kvalid_ref[sl]
+        full = _tile_full(config, q_first, tq, start, tk, k_valid)
         s = _dot_t(q, k) * scale
-        s = jnp.where(allowed, s, -jnp.inf)
+        s = _masked_logits(config, s, full, q_pos, kpos_ref[sl][None, :], k_valid[None, :])
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # A row that has seen nothing yet keeps m = -inf: shift by 0.
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -230,12 +276,18 @@ def _forward_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_re
     lse_ref[...] = jnp.where(seen, lse, MASKED_LOGIT)
 
 
-def _probs(config, q, k, q_pos, k_pos, k_valid, lse2):
+def _probs(config, q, k, q_pos, k_pos, k_valid, lse2, full=None):
     """Recomputed probabilities of a tile from the saved log-sum-exp (in
-    base 2: ``lse2 = lse * log2 e``)."""
+    base 2: ``lse2 = lse * log2 e``); the mask is skipped where ``full``."""
     s = _dot_t(q, k) * (config.scale * LOG2E)
-    allowed = _allowed(config, q_pos, k_pos, k_valid)
-    return jnp.where(allowed, jnp.exp2(s - lse2[:, None]), 0.0)
+
+    def masked(s):
+        allowed = _allowed(config, q_pos, k_pos, k_valid)
+        return jnp.where(allowed, jnp.exp2(s - lse2[:, None]), 0.0)
+
+    if full is None:
+        return masked(s)
+    return lax.cond(full, lambda s: jnp.exp2(s - lse2[:, None]), masked, s)
 
 
 def _dq_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do_ref,
@@ -248,12 +300,17 @@ def _dq_kernel(rows_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, do
     lse2 = lse_ref[...] * LOG2E
     delta = delta_ref[...]
     count = rows_ref[0] * split
+    tq = q.shape[0]
+    q_first = pl.program_id(2) * tq
 
     def body(t, dq):
-        sl = pl.ds(_chunk_start(rows_ref, t, split, config.block_k, tk), tk)
+        start = _chunk_start(rows_ref, t, split, config.block_k, tk)
+        sl = pl.ds(start, tk)
         k = k_ref[sl, :]
         v = v_ref[sl, :]
-        p = _probs(config, q, k, q_pos, kpos_ref[sl][None, :], kvalid_ref[sl][None, :], lse2)
+        k_valid = kvalid_ref[sl]
+        full = _tile_full(config, q_first, tq, start, tk, k_valid)
+        p = _probs(config, q, k, q_pos, kpos_ref[sl][None, :], k_valid[None, :], lse2, full)
         dp = _dot_t(do, v)
         ds = p * (dp - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
@@ -271,14 +328,20 @@ def _dkv_kernel(cols_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, kvalid_ref, d
     k_pos = kpos_ref[...][None, :]
     k_valid = kvalid_ref[...][None, :]
     count = cols_ref[0] * split
+    tk = k.shape[0]
+    k_first = pl.program_id(2) * tk
+    # Whether every key of this program is real (the same for every chunk).
+    k_real = kvalid_ref[...]
 
     def body(t, carry):
         dk, dv = carry
-        sl = pl.ds(_chunk_start(cols_ref, t, split, config.block_q, tq), tq)
+        start = _chunk_start(cols_ref, t, split, config.block_q, tq)
+        sl = pl.ds(start, tq)
         q = q_ref[sl, :]
         do = do_ref[sl, :]
         lse2 = lse_ref[sl] * LOG2E
-        p = _probs(config, q, k, qpos_ref[sl][:, None], k_pos, k_valid, lse2)
+        full = _tile_full(config, start, tq, k_first, tk, k_real)
+        p = _probs(config, q, k, qpos_ref[sl][:, None], k_pos, k_valid, lse2, full)
         dv = dv + _t_dot(p.astype(do.dtype), do)
         dp = _dot_t(do, v)
         ds = p * (dp - delta_ref[sl][:, None])
@@ -499,7 +562,10 @@ def _positions(pos, batch, heads, length, padded):
     """int32 ``(B or 1, H or 1, padded)`` positions from None, ``(n,)``,
     ``(B, n)`` or ``(B, H, n)``."""
     if pos is None:
-        pos = jnp.arange(length, dtype=jnp.int32)
+        # Padding rows continue the indices, so that a tile's positions
+        # are its indices (``_Config.contiguous``).
+        pos = jnp.arange(padded, dtype=jnp.int32)
+        length = padded
     pos = jnp.asarray(pos).astype(jnp.int32)
     if pos.ndim == 1:
         pos = pos[None, None]
@@ -611,7 +677,8 @@ def block_sparse_attention(query, key, value, layout, *, predicate=None, q_pos=N
         raise ValueError(f"`tiling` must be a Tiling. Received: tiling={tiling!r}")
     if not interpret:
         tiling = tiling.fitted(bq, bk, MIN_TILE)
-    config = _Config(predicate, float(scale), bq, bk, bool(interpret), tiling)
+    config = _Config(predicate, float(scale), bq, bk, bool(interpret), tiling,
+                     contiguous=q_pos is None and k_pos is None)
     rows = jnp.asarray(layout.rows, jnp.int32)
     cols = jnp.asarray(layout.cols, jnp.int32)
     out, lse = _attention_fn(config, variant)(q, k, v, qp, kp, kv, rows, cols)
