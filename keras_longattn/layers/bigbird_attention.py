@@ -225,6 +225,25 @@ class BigBirdAttention(BaseAttention):
             fused=fused,
         )
 
+    # -------------------------------------------------------------- decoding
+    def decode_refusal(self):
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, 2, max_length, num_key_value_heads, key_dim)``: the
+        keys and values of every position. A causal query block's random
+        blocks are drawn among the earlier blocks from ``(seed, block)``
+        alone, so a new token sees what the forward pass over any longer
+        sequence lets it see: its window blocks, the global blocks and its
+        random blocks (a token of a global block: every earlier key)."""
+        return (batch_size, 2, max_length, self.num_key_value_heads, self.key_dim)
+
+    def _decode(self, query, key, value, cache, index, training):
+        S = cache.shape[2]
+        pattern = self.attention_pattern(S, S, True)
+        return self._pattern_decode(query, key, value, cache, index, training,
+                                    [pattern] * self.num_heads)
+
     def full_attention_limit(self, sequence_length):
         blocks = -(-int(sequence_length) // self.block_size)
         return {"window_blocks": 2 * blocks + 1, "global_blocks": 0,

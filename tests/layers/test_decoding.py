@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_longattn.layers import BigBirdAttention
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import PerformerAttention
@@ -37,6 +38,9 @@ def _layer(kind, **kwargs):
         _, pattern, combination = kind.split("-")
         layer = SparseAttention(num_heads=H, key_dim=D, pattern=pattern, block_length=4,
                                 combination=combination, **kwargs)
+    elif kind == "bigbird":
+        layer = BigBirdAttention(num_heads=H, key_dim=D, block_size=2, window_blocks=3,
+                                 global_blocks=1, random_blocks=2, seed=4, **kwargs)
     elif kind == "linear":
         layer = LinearAttention(num_heads=H, key_dim=D, chunk_size=4, **kwargs)
     else:
@@ -69,7 +73,7 @@ SCHEDULES = {
 }
 
 
-KINDS = ["full", "linear", "local", "performer", "sparse-strided-multihead",
+KINDS = ["bigbird", "full", "linear", "local", "performer", "sparse-strided-multihead",
          "sparse-fixed-merged"]
 #: Every schedule for Local (its ring is where decoding can go wrong), the
 #: two that cover prefill, steps and chunks for the others; rotary positions
