@@ -315,10 +315,12 @@ class SynthesizerAttention(BaseAttention):
         return super()._dispatch(q, k, v, context)
 
     # -------------------------------------------------------------- logits
-    def synthetic_logits(self, query, key, dtype):
+    def synthetic_logits(self, query, key, dtype, query_start=0):
         """The mixed logits of every component: ``(B, H, T, S)`` in
         ``dtype``, from projected heads ``query`` ``(B, T, H, d)`` and
-        ``key`` ``(B, S, H, d)``. O(T * S) per head."""
+        ``key`` ``(B, S, H, d)``, the queries at positions ``query_start
+        ..`` (an int or a scalar tensor; the rows of the positional
+        tables). O(T * S) per head."""
         q = ops.cast(query, dtype)
         batch, T = segments.dims(q)[:2]
         S = la_ops.length(key, 1)
@@ -327,6 +329,13 @@ class SynthesizerAttention(BaseAttention):
 
         def var(x):
             return ops.cast(ops.convert_to_tensor(x), dtype)
+
+        def rows(table):  # (H, l, ...) -> the rows of the T queries
+            table = var(table)
+            if isinstance(query_start, numbers.Integral) and query_start == 0:
+                return table[:, :T]
+            return ops.slice(table, (0, query_start) + (0,) * (len(table.shape) - 2),
+                             (table.shape[0], T) + tuple(table.shape[2:]))
 
         total = None
         for i, component in enumerate(self.components):
@@ -354,11 +363,11 @@ class SynthesizerAttention(BaseAttention):
                 logits = ops.reshape(grid, (batch, self.num_heads, T, a * b))[..., :S]
             elif component in ("random", "fixed_random"):
                 table = syn.random_logits if component == "random" else syn.fixed_random_logits
-                logits = var(table)[None, :, :T, :S]  # (1, H, T, S)
+                logits = rows(table)[None, :, :, :S]  # (1, H, T, S)
             else:  # factorized_random
                 # (H, T, r) x (H, S, r) -> (1, H, T, S)
                 logits = ops.einsum(
-                    "htr,hsr->hts", var(syn.random_left)[:, :T], var(syn.random_right)[:, :S]
+                    "htr,hsr->hts", rows(syn.random_left), var(syn.random_right)[:, :S]
                 )[None]
             if len(self.components) > 1:
                 logits = w[i] * logits
@@ -401,6 +410,41 @@ class SynthesizerAttention(BaseAttention):
             weights = ops.broadcast_to(weights, (batch,) + tuple(ops.shape(weights)[1:]))
             return out, ops.cast(weights, dtype)
         return out
+
+    # -------------------------------------------------------------- decoding
+    def decode_refusal(self):
+        return None
+
+    def cache_shape(self, batch_size, max_length):
+        """``(batch_size, 2, max_length, num_key_value_heads, key_dim)``: the
+        keys and values of every position, ``max_length`` at most the
+        layer's ``max_length`` (the synthetic tables' size). A new token's
+        logits come from its own projection (dense kinds), its position's
+        table row (random kinds) and the cached keys (vanilla)."""
+        if max_length is not None and int(max_length) > self.max_length:
+            raise ValueError(
+                "A decoding cache of SynthesizerAttention holds at most the layer's "
+                f"max_length={self.max_length} positions (its synthetic tables). "
+                f"Received: max_length={max_length}")
+        return (batch_size, 2, max_length, self.num_key_value_heads, self.key_dim)
+
+    def _decode(self, query, key, value, cache, index, training):
+        cache = ops.cast(cache, key.dtype)
+        T, S = query.shape[1], cache.shape[2]
+        start = (0, index, 0, 0)
+        keys = ops.slice_update(cache[:, 0], start, key)
+        values = ops.slice_update(cache[:, 1], start, value)
+        logits = self.synthetic_logits(query, self.expand_key_value_heads(keys), query.dtype,
+                                       query_start=index)
+        q_pos = (index + ops.arange(T, dtype="int32"))[:, None]
+        visible = ops.arange(S, dtype="int32")[None, :] <= q_pos
+        weights = la_ops.masked_softmax(logits, visible[None, None], axis=-1)
+        dropout_fn = self._dropout_fn(training)
+        if dropout_fn is not None:
+            weights = dropout_fn(weights)
+        out = ops.einsum("bhts,bshd->bthd", weights,
+                         ops.cast(self.expand_key_value_heads(values), weights.dtype))
+        return out, ops.stack([keys, values], axis=1)
 
     # ----------------------------------------------------------------- limit
     def full_attention_limit(self, sequence_length):

@@ -6,9 +6,10 @@ sublayers :class:`AttentionSublayer` and :class:`FeedForwardSublayer`, and
 :func:`sandwich_pattern`).
 
 Builders (each returns an uncompiled ``keras.Model``):
-:func:`build_causal_language_model`, :func:`build_sequence_classifier`,
-:func:`build_matching_model`, :func:`build_image_density_model` (with
-:func:`bits_per_dim`).
+:func:`build_causal_language_model` (a :class:`CausalLanguageModel`, which
+generates with the attention layers' decoding caches and keras-hub's
+samplers), :func:`build_sequence_classifier`, :func:`build_matching_model`,
+:func:`build_image_density_model` (with :func:`bits_per_dim`).
 
 Saving: models and blocks save in ``.keras`` files. Importing this package
 registers its classes and those of :mod:`keras_longattn.layers` with Keras,
@@ -20,6 +21,7 @@ subpackage; see the install page's "Saving and loading").
 # Register the attention layers before any config is deserialised.
 import keras_longattn.layers  # noqa: F401
 from keras_longattn.models.attention_sublayer import AttentionSublayer
+from keras_longattn.models.causal_language_model import CausalLanguageModel
 from keras_longattn.models.causal_language_model import build_causal_language_model
 from keras_longattn.models.class_token import ClassToken
 from keras_longattn.models.feedforward_sublayer import FeedForwardSublayer
@@ -39,6 +41,7 @@ from keras_longattn.models.transformer_block import TransformerBlock
 
 __all__ = [
     "AttentionSublayer",
+    "CausalLanguageModel",
     "ClassToken",
     "FeedForwardSublayer",
     "PositionEmbedding",

@@ -44,9 +44,18 @@ class AttentionSublayer(keras.layers.Layer):
             Defaults to the input's Keras mask.
         training: whether dropout is active.
         use_causal_mask: overrides ``causal`` for this call when not None.
+        cache: optional decoding cache of the attention layer (its
+            ``init_cache(batch_size, max_length)`` makes an empty one), with
+            keras-hub's convention: given with ``cache_update_index``, the
+            call is causal self-attention of the new tokens at positions
+            ``cache_update_index ..`` over the cached ones, and returns
+            ``(output, new_cache)``. No padding mask may be given then.
+        cache_update_index: the position of the first token of ``inputs``
+            (an int or a scalar integer tensor), with ``cache``.
 
     Returns:
-        ``(B, n, dim)``, with the input's mask.
+        ``(B, n, dim)``, with the input's mask; ``(output, new_cache)`` when
+        decoding with a cache.
 
     Example:
 
@@ -91,9 +100,21 @@ class AttentionSublayer(keras.layers.Layer):
             self.attention.build(input_shape, input_shape)
         self.built = True
 
-    def call(self, inputs, mask=None, training=None, use_causal_mask=None):
+    def call(
+        self,
+        inputs,
+        mask=None,
+        training=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
         causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
         h = self.norm(inputs) if self.normalize_first else inputs
+        if cache is not None or cache_update_index is not None:
+            return self._call_with_cache(
+                inputs, h, mask, training, causal, cache, cache_update_index
+            )
         h = self.attention(
             h,
             h,
@@ -107,6 +128,36 @@ class AttentionSublayer(keras.layers.Layer):
         if not self.normalize_first:
             out = self.norm(out)
         return out
+
+    def _call_with_cache(self, inputs, h, mask, training, causal, cache, index):
+        """The residual branch with the attention's decoding cache; returns
+        ``(output, new_cache)``."""
+        if mask is not None:
+            raise ValueError(
+                f"{self.name} decodes without a padding mask (the cache holds "
+                "real tokens only; decode each sequence from its own length). "
+                "Received: mask with a cache"
+            )
+        if not callable(getattr(self.attention, "decode_refusal", None)):
+            raise ValueError(
+                f"{type(self.attention).__name__} (in {self.name}) has no "
+                "decoding cache: it does not take `cache` and "
+                "`cache_update_index`. Received: cache="
+                f"{'given' if cache is not None else None}"
+            )
+        h, cache = self.attention(
+            h,
+            h,
+            training=training,
+            use_causal_mask=causal,
+            cache=cache,
+            cache_update_index=index,
+        )
+        h = self.dropout_layer(h, training=training)
+        out = inputs + h
+        if not self.normalize_first:
+            out = self.norm(out)
+        return out, cache
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

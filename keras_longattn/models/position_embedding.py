@@ -1,5 +1,7 @@
 """Learned absolute position embeddings."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -21,10 +23,13 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``).
 
     Call arguments:
-        inputs: ``(B, n, dim)`` with ``n <= sequence_length``.
+        inputs: ``(B, n, dim)`` with ``start_index + n <= sequence_length``.
+        start_index: the position of the first input (an int, or a scalar
+            integer tensor when decoding with a cache inside a compiled
+            step). Defaults to 0.
 
     Returns:
-        ``inputs + table[:n]``, shape ``(B, n, dim)``.
+        ``inputs + table[start_index:start_index + n]``, shape ``(B, n, dim)``.
 
     Example:
 
@@ -57,18 +62,26 @@ class PositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs):
+    def call(self, inputs, start_index=0):
         n = inputs.shape[1]
+        start = _concrete_start(start_index)
         if n is None:
             n = ops.shape(inputs)[1]
-        elif n > self.sequence_length:
+        elif start is not None and start + n > self.sequence_length:
+            at = f" from position {start}" if start else ""
             raise ValueError(
                 f"PositionEmbedding holds {self.sequence_length} positions but "
-                f"the input has {n}. Received: inputs.shape={tuple(inputs.shape)}"
+                f"the input has {n}{at}. Received: inputs.shape="
+                f"{tuple(inputs.shape)}, start_index={start}"
             )
         table = ops.convert_to_tensor(self.embeddings)
-        if n != self.sequence_length:
-            table = ops.slice(table, (0, 0), (n, table.shape[-1]))
+        if start is None:  # a traced position: a dynamic slice
+            begin = ops.stack(
+                [ops.cast(start_index, "int32"), ops.zeros((), "int32")]
+            )
+            table = ops.slice(table, begin, (n, table.shape[-1]))
+        elif start != 0 or n != self.sequence_length:
+            table = ops.slice(table, (start, 0), (n, table.shape[-1]))
         return inputs + ops.cast(table, inputs.dtype)[None]
 
     def compute_output_shape(self, input_shape):
@@ -83,3 +96,33 @@ class PositionEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _concrete_start(start_index):
+    """``start_index`` as a Python int, or None when it is a traced tensor;
+    a negative or non-integer value is a ValueError naming it."""
+    if isinstance(start_index, bool) or isinstance(start_index, (float, str)):
+        raise ValueError(
+            "`start_index` must be an int or a scalar integer tensor. "
+            f"Received: start_index={start_index!r}"
+        )
+    if isinstance(start_index, numbers.Integral):
+        value = int(start_index)
+    else:
+        tensor = ops.convert_to_tensor(start_index)
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if len(tensor.shape) != 0 or "int" not in dtype:
+            raise ValueError(
+                "`start_index` must be an int or a scalar integer tensor. "
+                f"Received: start_index with shape {tuple(tensor.shape)} and "
+                f"dtype {dtype}"
+            )
+        try:
+            value = int(ops.convert_to_numpy(tensor))
+        except Exception:  # traced inside a compiled function
+            return None
+    if value < 0:
+        raise ValueError(
+            f"`start_index` must be >= 0. Received: start_index={value}"
+        )
+    return value

@@ -52,9 +52,14 @@ class TransformerBlock(keras.layers.Layer):
             Defaults to the input's Keras mask.
         training: whether dropout is active.
         use_causal_mask: overrides ``causal`` for this call when not None.
+        cache: optional decoding cache of the attention layer, with
+            ``cache_update_index`` (see :class:`AttentionSublayer`); the
+            block then returns ``(output, new_cache)``.
+        cache_update_index: the position of the first token of ``inputs``,
+            with ``cache``.
 
     Returns:
-        ``(B, n, dim)``.
+        ``(B, n, dim)``; ``(output, new_cache)`` when decoding with a cache.
 
     Example:
 
@@ -122,7 +127,25 @@ class TransformerBlock(keras.layers.Layer):
         self.feedforward_sublayer.build(input_shape)
         self.built = True
 
-    def call(self, inputs, mask=None, training=None, use_causal_mask=None):
+    def call(
+        self,
+        inputs,
+        mask=None,
+        training=None,
+        use_causal_mask=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        if cache is not None or cache_update_index is not None:
+            x, cache = self.attention_sublayer(
+                inputs,
+                mask=mask,
+                training=training,
+                use_causal_mask=use_causal_mask,
+                cache=cache,
+                cache_update_index=cache_update_index,
+            )
+            return self.feedforward_sublayer(x, training=training), cache
         x = self.attention_sublayer(
             inputs, mask=mask, training=training, use_causal_mask=use_causal_mask
         )

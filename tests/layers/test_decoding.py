@@ -14,6 +14,7 @@ from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import PerformerAttention
 from keras_longattn.layers import SparseAttention
+from keras_longattn.layers import SynthesizerAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import LSHAttention
 
@@ -41,6 +42,9 @@ def _layer(kind, **kwargs):
     elif kind == "bigbird":
         layer = BigBirdAttention(num_heads=H, key_dim=D, block_size=2, window_blocks=3,
                                  global_blocks=1, random_blocks=2, seed=4, **kwargs)
+    elif kind.startswith("synthesizer"):
+        layer = SynthesizerAttention(num_heads=H, key_dim=D, max_length=N + 3,
+                                     kind=kind.split("-", 1)[1], **kwargs)
     elif kind == "linear":
         layer = LinearAttention(num_heads=H, key_dim=D, chunk_size=4, **kwargs)
     else:
@@ -74,7 +78,8 @@ SCHEDULES = {
 
 
 KINDS = ["bigbird", "full", "linear", "local", "performer", "sparse-strided-multihead",
-         "sparse-fixed-merged"]
+         "sparse-fixed-merged", "synthesizer-dense+random+vanilla",
+         "synthesizer-factorized_dense+factorized_random+fixed_random"]
 #: Every schedule for Local (its ring is where decoding can go wrong), the
 #: two that cover prefill, steps and chunks for the others; rotary positions
 #: on one layer of each cache kind.
@@ -166,3 +171,10 @@ def test_bad_decoding_calls_are_refused():
         lsh.init_cache(B, N)
     with pytest.raises(ValueError, match="no decoding cache"):
         lsh(x, x, use_causal_mask=True, cache=cache, cache_update_index=0)
+
+
+def test_synthesizer_cache_fits_its_tables():
+    layer = _layer("synthesizer-random+vanilla")
+    assert layer.cache_shape(B, N + 3) == (B, 2, N + 3, H, D)
+    with pytest.raises(ValueError, match=r"max_length=16 positions.*max_length=17"):
+        layer.init_cache(B, N + 4)
