@@ -892,6 +892,23 @@ class BaseAttention(keras.layers.Layer):
         self.last_implementation = "decode"
         return self._output_dense(out), cache
 
+    def _decode_each_token(self, step, tokens, cache, index):
+        """Decodes ``T`` new tokens one after the other: ``step(*token_slices,
+        cache, position)`` returns ``(out (B, 1, H, dv), cache)`` for the
+        token at ``position``; ``tokens`` are ``(B, T, ...)`` tensors sliced
+        at each step (a compiled loop: ``keras.ops.fori_loop``)."""
+        first = tokens[0]
+        out = ops.zeros(tuple(first.shape[:3]) + (self.value_dim,), first.dtype)
+
+        def body(i, state):
+            out, cache = state
+            parts = [ops.slice(x, (0, i) + (0,) * (len(x.shape) - 2),
+                               (x.shape[0], 1) + tuple(x.shape[2:])) for x in tokens]
+            one, cache = step(*parts, cache, index + i)
+            return ops.slice_update(out, (0, i, 0, 0), ops.cast(one, out.dtype)), cache
+
+        return ops.fori_loop(0, first.shape[1], body, (out, cache))
+
     def _pattern_decode(self, query, key, value, cache, index, training, head_patterns):
         """Decoding under an exact per-head pattern: the keys and values of
         every position in a full-length cache (as :class:`FullAttention`'s),
@@ -1142,6 +1159,15 @@ def _check_output_shape(output_shape):
     if not dims:
         raise ValueError(message)
     return tuple(size(d) for d in dims)
+
+
+def known_index(index):
+    """``cache_update_index`` as a Python int when its value is known while
+    the call is made (None when it is traced)."""
+    try:
+        return int(ops.convert_to_numpy(index))
+    except Exception:  # traced
+        return None
 
 
 def _check_cache_index(index, new_tokens, max_length):

@@ -13,6 +13,7 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.base_attention import known_index
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
@@ -830,27 +831,15 @@ class RoutingAttention(BaseAttention):
         runs its tokens one at a time, each against the cache through
         per-head masks (O(max_length) per token)."""
         T = query.shape[1]
-        try:
-            start = int(ops.convert_to_numpy(index))
-        except Exception:  # traced
-            start = None
-        if T > 1 and start == 0:
+        if T > 1 and known_index(index) == 0:
             return self._decode_prefill(query, key, value, cache, training)
+
+        def step(q, k, v, cache, position):
+            return self._decode_step(q, k, v, cache, position, training)
+
         if T == 1:
-            return self._decode_step(query, key, value, cache, index, training)
-        out = ops.zeros(tuple(query.shape[:3]) + (value.shape[-1],), query.dtype)
-
-        def body(i, state):
-            out, cache = state
-
-            def at(x):
-                return ops.slice(x, (0, i, 0, 0), (x.shape[0], 1, x.shape[2], x.shape[3]))
-
-            step, cache = self._decode_step(at(query), at(key), at(value), cache, index + i,
-                                            training)
-            return ops.slice_update(out, (0, i, 0, 0), step), cache
-
-        return ops.fori_loop(0, T, body, (out, cache))
+            return step(query, key, value, cache, index)
+        return self._decode_each_token(step, (query, key, value), cache, index)
 
     def _window_parts(self, query, key, value):
         keys = self.expand_key_value_heads(key)

@@ -111,14 +111,11 @@ def test_local_cache_is_a_ring_of_the_window():
     assert keras.backend.standardize_dtype(linear.init_cache(B, 8).dtype) == "float32"
 
 
-@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
-@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
-def test_compiled_step_with_a_traced_index(kind):
-    """One compiled step function (the index traced, the cache of fixed
-    size) serves every position."""
-    layer = _layer(kind)
-    x = _inputs(2)
-    expected = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
+def compiled_decoding(layer, x, prefill=0):
+    """Outputs of decoding ``x`` with one compiled step function (the index
+    traced, the cache of fixed size; ``jax.jit`` or TensorFlow's XLA),
+    after an eager prefill of the first ``prefill`` tokens."""
+    batch, length = x.shape[:2]
 
     def step(token, cache, index):
         return layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
@@ -131,12 +128,26 @@ def test_compiled_step_with_a_traced_index(kind):
         import tensorflow as tf
 
         compiled = tf.function(step, jit_compile=True)
-    cache = layer.init_cache(B, N)
+    cache = layer.init_cache(batch, length)
     outs = []
-    for i in range(N):
+    if prefill:
+        out, cache = step(x[:, :prefill], cache, 0)
+        outs.append(keras.ops.convert_to_numpy(out))
+    for i in range(prefill, length):
         out, cache = compiled(x[:, i:i + 1], cache, keras.ops.convert_to_tensor(i, "int32"))
         outs.append(keras.ops.convert_to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outs, axis=1), expected, atol=TOL, rtol=0)
+    return np.concatenate(outs, axis=1)
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
+@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
+def test_compiled_step_with_a_traced_index(kind):
+    """One compiled step function (the index traced, the cache of fixed
+    size) serves every position."""
+    layer = _layer(kind)
+    x = _inputs(2)
+    expected = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
+    np.testing.assert_allclose(compiled_decoding(layer, x), expected, atol=TOL, rtol=0)
 
 
 def test_bad_decoding_calls_are_refused():

@@ -11,6 +11,8 @@ import pytest
 
 from keras_longattn.layers import RoutingAttention
 
+from tests.layers.test_decoding import compiled_decoding
+
 B, N, DIM = 2, 23, 16
 TOL = 2e-5
 BACKEND = keras.backend.backend()
@@ -109,25 +111,8 @@ def test_compiled_step_with_a_traced_index():
     layer = _layer()
     x = _inputs(2)
     expected = keras.ops.convert_to_numpy(layer(x, x, use_causal_mask=True))
-
-    def step(token, cache, index):
-        return layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
-
-    if BACKEND == "jax":
-        import jax
-
-        compiled = jax.jit(step)
-    else:
-        import tensorflow as tf
-
-        compiled = tf.function(step, jit_compile=True)
-    out, cache = layer(x[:, :7], x[:, :7], use_causal_mask=True, cache=layer.init_cache(B, N),
-                       cache_update_index=0)
-    outs = [keras.ops.convert_to_numpy(out)]
-    for i in range(7, N):
-        out, cache = compiled(x[:, i:i + 1], cache, keras.ops.convert_to_tensor(i, "int32"))
-        outs.append(keras.ops.convert_to_numpy(out))
-    np.testing.assert_allclose(np.concatenate(outs, axis=1), expected, atol=TOL, rtol=0)
+    got = compiled_decoding(layer, x, prefill=7)
+    np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
 
 def test_cache_shape_and_refusals():
