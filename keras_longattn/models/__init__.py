@@ -3,7 +3,8 @@
 Blocks: :class:`TransformerBlock` (the ``"sf"`` pair), the residual
 sublayers :class:`AttentionSublayer` and :class:`FeedForwardSublayer`, and
 :func:`build_sublayers` for any ``layer_pattern`` (see
-:func:`sandwich_pattern`).
+:func:`sandwich_pattern`); :class:`TwoStreamAttention` and
+:func:`two_stream_masks` for permuted language modelling (MPNet, XLNet).
 
 Builders (each returns an uncompiled ``keras.Model``):
 :func:`build_causal_language_model` (a :class:`CausalLanguageModel`, which
@@ -38,6 +39,9 @@ from keras_longattn.models.sequence_pooling import SequencePooling
 from keras_longattn.models.shift_right import ShiftRight
 from keras_longattn.models.sublayer_stack import build_sublayers
 from keras_longattn.models.transformer_block import TransformerBlock
+from keras_longattn.models.two_stream import TwoStreamAttention
+from keras_longattn.models.two_stream import permute_for_prediction
+from keras_longattn.models.two_stream import two_stream_masks
 
 __all__ = [
     "AttentionSublayer",
@@ -49,6 +53,7 @@ __all__ = [
     "SequencePooling",
     "ShiftRight",
     "TransformerBlock",
+    "TwoStreamAttention",
     "bits_per_dim",
     "build_causal_language_model",
     "build_image_density_model",
@@ -56,6 +61,8 @@ __all__ = [
     "build_sequence_classifier",
     "build_sublayers",
     "interleaved_pattern",
+    "permute_for_prediction",
     "sandwich_pattern",
+    "two_stream_masks",
     "validate_layer_pattern",
 ]
