@@ -4,7 +4,8 @@ Blocks: :class:`TransformerBlock` (the ``"sf"`` pair), the residual
 sublayers :class:`AttentionSublayer` and :class:`FeedForwardSublayer`, and
 :func:`build_sublayers` for any ``layer_pattern`` (see
 :func:`sandwich_pattern`); :class:`TwoStreamAttention` and
-:func:`two_stream_masks` for permuted language modelling (MPNet, XLNet).
+:func:`two_stream_masks` for permuted language modelling (MPNet, XLNet),
+and :func:`build_pretraining_model` (MLM, PLM or MPNet on one encoder).
 
 Builders (each returns an uncompiled ``keras.Model``):
 :func:`build_causal_language_model` (a :class:`CausalLanguageModel`, which
@@ -32,6 +33,9 @@ from keras_longattn.models.layer_pattern import interleaved_pattern
 from keras_longattn.models.layer_pattern import sandwich_pattern
 from keras_longattn.models.layer_pattern import validate_layer_pattern
 from keras_longattn.models.matching_model import build_matching_model
+from keras_longattn.models.mpnet import PretrainingModel
+from keras_longattn.models.mpnet import TwoStreamBlock
+from keras_longattn.models.mpnet import build_pretraining_model
 from keras_longattn.models.position_embedding import PositionEmbedding
 from keras_longattn.models.reversible_embedding import ReversibleEmbedding
 from keras_longattn.models.sequence_classifier import build_sequence_classifier
@@ -49,15 +53,18 @@ __all__ = [
     "ClassToken",
     "FeedForwardSublayer",
     "PositionEmbedding",
+    "PretrainingModel",
     "ReversibleEmbedding",
     "SequencePooling",
     "ShiftRight",
     "TransformerBlock",
     "TwoStreamAttention",
+    "TwoStreamBlock",
     "bits_per_dim",
     "build_causal_language_model",
     "build_image_density_model",
     "build_matching_model",
+    "build_pretraining_model",
     "build_sequence_classifier",
     "build_sublayers",
     "interleaved_pattern",
