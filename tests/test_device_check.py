@@ -43,3 +43,14 @@ def test_dry_run_of_the_stages_and_their_summary(tmp_path):
     assert ("local_pallas", 256) in timed and ("local_pallas", 512) in timed
     assert summary["provenance"]["source_files"]
     json.dumps(summary)  # the summary is plain JSON
+    # A proof from this run names the sources the stages imported, with the
+    # digest that proven.is_current computes from today's files.
+    from keras_longattn.kernels import proven
+
+    (entry,) = device_report.proof_entries(rows, "0" * 40, "dry run")
+    assert entry["backend"] == "jax" and entry["kind"] == "pallas"
+    assert entry["cases"] == ["local-causal"]
+    assert "keras_longattn/kernels/jax/pallas_attention.py" in entry["sources"]["paths"]
+    assert proven.is_current(entry)
+    stale = dict(entry, sources=dict(entry["sources"], sha256="0" * 64))
+    assert not proven.is_current(stale)

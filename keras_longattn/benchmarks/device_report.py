@@ -262,6 +262,45 @@ def summarize(rows, commit=None):
     }
 
 
+def proof_entries(rows, commit, check):
+    """``proven.json`` entries of one run: for each backend whose every
+    correctness case passed (one path kind per backend), the device, the
+    date, the versions, ``check`` (what was run), the commit and the
+    package sources the backend's stages imported with one sha256 over the
+    hashes they had on the device (:func:`keras_longattn.kernels.proven.
+    sources_digest` of the same files)."""
+    from keras_longattn.reproductions import provenance
+
+    device = _device(rows)
+    entries = []
+    for backend in sorted({r["backend"] for r in rows if r.get("kind") == "correct"}):
+        cases = [c for c in correctness_table(rows) if c["backend"] == backend]
+        kinds = {c["path"] for c in cases}
+        if not cases or any(c["status"] != "pass" for c in cases) or len(kinds) != 1:
+            continue
+        files = {}
+        for r in rows:
+            if r.get("kind") == "provenance" and r.get("backend") == backend:
+                files.update(r.get("source_files") or {})
+        if not files:
+            continue
+        versions = (device.get("versions") or {})
+        entries.append({
+            "backend": backend,
+            "device": device.get("name"),
+            "kind": kinds.pop(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "software": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
+            "check": check,
+            "cases": [c["case"] for c in cases],
+            "commits": [commit],
+            "results": "docs/benchmarks/gpu_results.json",
+            "sources": {"paths": sorted(files),
+                        "sha256": provenance.combined_hash(dict(sorted(files.items())))},
+        })
+    return entries
+
+
 def _git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -278,6 +317,9 @@ def main(argv=None):
     parser.add_argument("--write", help="write the summary JSON here")
     parser.add_argument("--commit", action="append",
                         help="commit each run ran on, in the same order (default: HEAD)")
+    parser.add_argument("--prove", metavar="PROVEN_JSON",
+                        help="replace this proven.json's entries of the device with those of "
+                             "the last run's backends whose every case passed")
     args = parser.parse_args(argv)
     commits = args.commit or [_git_commit()] * len(args.results)
     if len(commits) != len(args.results):
@@ -285,6 +327,19 @@ def main(argv=None):
                      f"for {len(args.results)} files")
     summary = summarize_runs([(load(path), commit)
                               for path, commit in zip(args.results, commits)])
+    if args.prove:
+        rows = load(args.results[-1])
+        new = proof_entries(rows, commits[-1], (
+            "scripts/device_check.py correct: the cases of layer_cases(), float32 and "
+            "bfloat16, outputs and input gradients against the reference path"))
+        path = Path(args.prove)
+        old = json.loads(path.read_text()) if path.is_file() else []
+        replaced = {(e["backend"], e["device"], e["kind"]) for e in new}
+        kept = [e for e in old if (e["backend"], e["device"], e["kind"]) not in replaced]
+        path.write_text(json.dumps(kept + new, indent=1) + "\n")
+        for e in new:
+            print(f"proved {e['kind']} on {e['device']} ({e['backend']}): "
+                  f"{len(e['cases'])} cases", file=sys.stderr)
     text = json.dumps(summary, indent=1, default=str)
     if args.write:
         Path(args.write).write_text(text + "\n")
