@@ -20,6 +20,15 @@ tries the kinds on each backend is one table,
 the backend table; the layers' paths reach the kernels through
 :mod:`keras_longattn.ops`.
 
+A fifth kind, ``"context_parallel"``, runs a call with the sequence split
+across the devices of a :class:`keras_longattn.parallel.ContextParallel`
+distribution (JAX only): ``"auto"`` tries it first while such a
+distribution is in scope (``keras.distribution.distribution()``) and never
+otherwise; it may also be named. :func:`context_parallel_refusal` gives
+the reasons common to every such path, :func:`context_parallel_axes` the
+mesh and axes it runs on. :mod:`keras_longattn.parallel` is imported only
+when a distribution is in scope or such a path runs.
+
 A layer declares its paths with the :func:`implementation` decorator, in its
 order of preference within a kind::
 
@@ -47,6 +56,13 @@ from keras_longattn.ops import paths as la_paths
 #: training.
 DROPOUT_REASON = "attention dropout in training needs the explicit weights"
 
+#: The kind of the paths that split the sequence across the devices of a
+#: :class:`keras_longattn.parallel.ContextParallel` distribution.
+CONTEXT_PARALLEL = "context_parallel"
+
+#: Every kind an :class:`Implementation` may have.
+KINDS = tuple(IMPLEMENTATION_KINDS) + (CONTEXT_PARALLEL,)
+
 
 def pallas_refusal():
     """Why a ``"pallas"`` path cannot run on the active backend (None on
@@ -58,8 +74,109 @@ def pallas_refusal():
 def auto_preference():
     """The kinds of implementation in the order ``implementation="auto"``
     tries them on the active backend
-    (:attr:`keras_longattn.kernels.BackendOps.auto_preference`)."""
-    return backend_ops().auto_preference
+    (:attr:`keras_longattn.kernels.BackendOps.auto_preference`), preceded
+    by ``"context_parallel"`` while a
+    :class:`keras_longattn.parallel.ContextParallel` distribution is in
+    scope."""
+    preference = tuple(backend_ops().auto_preference)
+    if context_parallel_distribution() is not None:
+        return (CONTEXT_PARALLEL,) + preference
+    return preference
+
+
+def _distribution_in_scope():
+    """``keras.distribution.distribution()`` (None when unset, and on
+    backends without ``keras.distribution``)."""
+    import keras
+
+    try:
+        return keras.distribution.distribution()
+    except (AttributeError, ImportError, NotImplementedError):
+        return None
+
+
+def context_parallel_distribution():
+    """The :class:`keras_longattn.parallel.ContextParallel` distribution in
+    scope, or None (no distribution, another kind of distribution, or a
+    backend other than JAX)."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return None
+    distribution = _distribution_in_scope()
+    if distribution is None:
+        return None
+    from keras_longattn.parallel.layouts import ContextParallel
+
+    return distribution if isinstance(distribution, ContextParallel) else None
+
+
+def context_parallel_devices():
+    """The number of devices on the sequence axis of the
+    :class:`~keras_longattn.parallel.ContextParallel` in scope (None
+    without one)."""
+    distribution = context_parallel_distribution()
+    if distribution is None:
+        return None
+    mesh = distribution.device_mesh
+    return int(mesh.shape[list(mesh.axis_names).index(distribution.sequence_dim_name)])
+
+
+def context_parallel_refusal(context, multiple=1, self_attention=True):
+    """Why a context-parallel path cannot run ``context``, for the reasons
+    every such path shares, or None.
+
+    Refused: a backend other than JAX; no
+    :class:`~keras_longattn.parallel.ContextParallel` distribution in
+    scope; a dense ``attention_mask`` (padding travels as key masks);
+    sequence lengths unknown while tracing; query and key lengths that
+    differ when ``self_attention``; lengths that are not a multiple of
+    ``multiple`` times the devices of the sequence axis.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        from keras_longattn.parallel.context import context_parallel_refusal as refusal
+
+        return refusal()
+    distribution = context_parallel_distribution()
+    if distribution is None:
+        return ("no keras_longattn.parallel.ContextParallel distribution is in scope "
+                f"(keras.distribution.distribution() is {_distribution_in_scope()!r})")
+    if context.attention_mask is not None:
+        return ("a dense attention_mask is not split along the sequence; pass padding "
+                "as query/value/key masks")
+    T, S = context.query_length, context.key_length
+    if not isinstance(T, int) or not isinstance(S, int):
+        return f"the sequence lengths must be known (query {T}, key {S})"
+    if self_attention and T != S:
+        return f"cross-attention of different lengths (query {T}, key {S})"
+    parts = multiple * context_parallel_devices()
+    for name, n in (("query", T), ("key", S)):
+        if n % parts:
+            what = "the devices" if multiple == 1 else f"{multiple} x the devices"
+            return (f"the {name} length {n} is not a multiple of {parts} ({what} of the "
+                    f"sequence axis {distribution.sequence_dim_name!r})")
+    return None
+
+
+def context_parallel_axes(batch_size):
+    """Keyword arguments ``mesh``, ``sequence_axis`` and ``batch_axis`` of
+    the :mod:`keras_longattn.parallel` functions for the
+    :class:`~keras_longattn.parallel.ContextParallel` in scope. The batch
+    is split over its axis when ``batch_size`` is a multiple of that axis'
+    size, else computed whole on each of its devices."""
+    distribution = context_parallel_distribution()
+    if distribution is None:
+        raise ValueError("no keras_longattn.parallel.ContextParallel distribution is in scope")
+    mesh = distribution.device_mesh
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    batch_axis = distribution.batch_dim_name
+    if batch_axis is not None and (
+            not isinstance(batch_size, int) or batch_size % int(sizes[batch_axis])):
+        batch_axis = None
+    return {"mesh": mesh, "sequence_axis": distribution.sequence_dim_name,
+            "batch_axis": batch_axis}
 
 
 class Implementation:
@@ -70,16 +187,16 @@ class Implementation:
             output ``(B, T, H, dv)`` of projected heads.
         name: the value of the layer's ``implementation`` argument that
             selects it.
-        kind: ``"explicit"``, ``"fused"`` or ``"pallas"`` (see the module
-            docstring).
+        kind: ``"explicit"``, ``"fused"``, ``"pallas"``, ``"flex"`` or
+            ``"context_parallel"`` (see the module docstring).
         dropout: whether the path applies attention dropout; a path that
             does not refuses calls with dropout active in training.
     """
 
     def __init__(self, fn, name, kind="explicit", dropout=True):
-        if kind not in IMPLEMENTATION_KINDS:
+        if kind not in KINDS:
             raise ValueError(
-                f"`kind` must be one of {IMPLEMENTATION_KINDS}. Received: kind={kind!r}"
+                f"`kind` must be one of {KINDS}. Received: kind={kind!r}"
             )
         self.fn = fn
         self.name = name

@@ -5,6 +5,9 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.dispatch import CONTEXT_PARALLEL
+from keras_longattn.layers.dispatch import context_parallel_axes
+from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
 
 
@@ -24,6 +27,13 @@ class FullAttention(BaseAttention):
         ``"fused"``: ``keras.ops.dot_product_attention`` with the backend's
         flash/fused kernels; used whenever attention weights are not
         requested and no attention dropout is active.
+        ``"context_parallel"`` (JAX, under a
+        :class:`keras_longattn.parallel.ContextParallel` distribution,
+        where ``"auto"`` picks it first): ring attention
+        (:func:`keras_longattn.parallel.ring_attention`), the sequence split
+        over the distribution's sequence axis; no dense ``attention_mask``,
+        no attention dropout in training, lengths a multiple of the
+        devices (2 x the devices when causal, equal lengths).
         ``"reference"``: explicit scores, masked softmax and dropout.
 
     Accepts a dense ``attention_mask`` ``(B, T, S)`` on every path.
@@ -67,6 +77,25 @@ class FullAttention(BaseAttention):
             scale=self._inverse_sqrt_key_dim,
             is_causal=context.causal,
         )
+
+    @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
+    def _context_parallel(self, query, key, value, context):
+        """Ring attention over the sequence axis of the
+        :class:`~keras_longattn.parallel.ContextParallel` in scope (key and
+        value blocks passed around the ring, causal load balanced)."""
+        from keras_longattn.parallel.context import ring_attention
+
+        return ring_attention(
+            query, key, value, causal=context.causal,
+            key_mask=context.padding.key_mask, scale=self._inverse_sqrt_key_dim,
+            **context_parallel_axes(query.shape[0]),
+        )
+
+    @_context_parallel.refuses
+    def _context_parallel(self, context):
+        # Causal: the zigzag layout cuts the sequence into 2 x devices chunks.
+        return context_parallel_refusal(
+            context, multiple=2 if context.causal else 1, self_attention=context.causal)
 
     def full_attention_limit(self, sequence_length):
         return {}, 1e-6

@@ -7,6 +7,10 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.dispatch import CONTEXT_PARALLEL
+from keras_longattn.layers.dispatch import context_parallel_axes
+from keras_longattn.layers.dispatch import context_parallel_devices
+from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
 
 
@@ -32,7 +36,14 @@ class LocalAttention(BaseAttention):
     ``"flex"`` (PyTorch only, by name) runs the band in FlexAttention
     (``torch.nn.attention.flex_attention``), its block mask and mask from
     the same ``LocalPattern``; no attention dropout, and on the CPU forward
-    only (see the fast paths guide).
+    only (see the fast paths guide). ``"context_parallel"`` (JAX, under a
+    :class:`keras_longattn.parallel.ContextParallel` distribution, where
+    ``"auto"`` picks it first) splits the sequence over the
+    distribution's sequence axis and exchanges only the window's halo with
+    the neighbouring devices
+    (:func:`keras_longattn.parallel.halo_local_attention`); self-attention
+    of a length that is a multiple of the devices, each device's share at
+    least the window's extent; no attention dropout in training.
 
     Args:
         num_heads: number of attention heads.
@@ -51,7 +62,8 @@ class LocalAttention(BaseAttention):
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
             ``"pallas"`` (JAX, see the fast paths guide), ``"flex"``
-            (PyTorch's FlexAttention) or ``"reference"``; ``"band_kernel"`` is the backend's own
+            (PyTorch's FlexAttention), ``"context_parallel"`` (see above) or
+            ``"reference"``; ``"band_kernel"`` is the backend's own
             band kernel, PyTorch on the CPU only, float32, equal query and
             key lengths: the flash kernel on overlapping views of the keys,
             preferred by ``"auto"`` there).
@@ -187,6 +199,33 @@ class LocalAttention(BaseAttention):
     @_flex.refuses
     def _flex(self, context):
         return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
+
+    @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
+    def _context_parallel(self, query, key, value, context):
+        """The band with the sequence split over the devices of the
+        :class:`~keras_longattn.parallel.ContextParallel` in scope, each
+        device receiving the window's halo from its neighbours."""
+        from keras_longattn.parallel.context import halo_local_attention
+
+        look_back, look_ahead = self.extents(context.causal)
+        return halo_local_attention(
+            query, key, value, look_back=look_back, look_ahead=look_ahead,
+            key_mask=context.padding.key_mask, scale=self._inverse_sqrt_key_dim,
+            block_size=self.block_size, **context_parallel_axes(query.shape[0]),
+        )
+
+    @_context_parallel.refuses
+    def _context_parallel(self, context):
+        reason = context_parallel_refusal(context)
+        if reason is not None:
+            return reason
+        devices = context_parallel_devices()
+        shard = context.query_length // devices
+        extent = max(self.extents(context.causal))
+        if devices > 1 and extent > shard:
+            return (f"each device holds {shard} positions, fewer than the window's extent "
+                    f"{extent} (the halo would span more than one neighbour)")
+        return None
 
     def _band(self, query, key, value, context, fused):
         look_back, look_ahead = self.extents(context.causal)

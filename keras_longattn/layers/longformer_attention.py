@@ -9,6 +9,10 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
+from keras_longattn.layers.dispatch import CONTEXT_PARALLEL
+from keras_longattn.layers.dispatch import context_parallel_axes
+from keras_longattn.layers.dispatch import context_parallel_devices
+from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import longformer as la_longformer
@@ -70,6 +74,17 @@ class LongformerAttention(BaseAttention):
     (``torch.nn.attention.flex_attention``): per dilation the window on
     tokens sorted by residue with the global keys appended (one softmax),
     then the global rows, block masks and masks from the same patterns.
+    ``"context_parallel"`` (JAX, under a
+    :class:`keras_longattn.parallel.ContextParallel` distribution, where
+    ``"auto"`` picks it first) splits the sequence over the
+    distribution's sequence axis: each device receives the dilated
+    window's halo from its neighbours, the global tokens' keys and values,
+    and merges the global rows' partial sums
+    (:func:`keras_longattn.parallel.halo_longformer_attention`);
+    self-attention whose length is a multiple of the devices, each
+    device's share at least the dilated window's reach and the
+    ``global_tokens``; global positions from ``global_tokens`` only (not
+    a call's ``global_mask``); no attention dropout in training.
     ``"reference"`` is dense attention under the same pattern and
     projections, O(n^2).
 
@@ -107,8 +122,8 @@ class LongformerAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"band_kernel"``, ``"blocked_fused"``,
-            ``"pallas"``, ``"flex"`` or ``"reference"``; ``"band_kernel"`` is the
-            backend's band kernel with the global keys in the same softmax,
+            ``"pallas"``, ``"flex"``, ``"context_parallel"`` or
+            ``"reference"``; ``"band_kernel"`` is the backend's band kernel with the global keys in the same softmax,
             PyTorch on the CPU only, float32, dilation 1, equal query and
             key lengths, preferred by ``"auto"`` there).
 
@@ -316,6 +331,7 @@ class LongformerAttention(BaseAttention):
         self._call_state.pending = None
         T, S = context.query_length, context.key_length
         global_mask = None if pending is None else pending[3]
+        context.global_from_mask = global_mask is not None
         context.global_slots = la_longformer.global_slots(
             T, S, global_mask, self.global_tokens, self.max_global
         )
@@ -481,6 +497,46 @@ class LongformerAttention(BaseAttention):
     @_flex.refuses
     def _flex(self, context):
         return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
+
+    @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
+    def _context_parallel(self, query, key, value, context):
+        """The window, global keys and global rows with the sequence split
+        over the devices of the
+        :class:`~keras_longattn.parallel.ContextParallel` in scope: the
+        dilated window's halo from the neighbours, the global tokens (on
+        the first device) shared with every device."""
+        from keras_longattn.parallel.context import halo_longformer_attention
+
+        g = 0 if getattr(context, "global_slots", None) is None else self.global_tokens
+        qg, kg, vg = (None, None, None) if not g else self._global_projections(
+            context, rows_only=True)
+        return halo_longformer_attention(
+            query, key, value, window=self.window, dilation=list(self.dilations),
+            causal=context.causal, global_tokens=g,
+            global_query=qg, global_key=kg, global_value=vg,
+            key_mask=context.padding.key_mask, scale=self._inverse_sqrt_key_dim,
+            block_size=self.block_size, **context_parallel_axes(query.shape[0]),
+        )
+
+    @_context_parallel.refuses
+    def _context_parallel(self, context):
+        reason = context_parallel_refusal(context)
+        if reason is not None:
+            return reason
+        if getattr(context, "global_from_mask", False):
+            return ("global positions from a call's global_mask (only the constructor's "
+                    "global_tokens, which lie on the first device)")
+        devices = context_parallel_devices()
+        shard = context.query_length // devices
+        look_back, look_ahead = la_longformer.window_extents(self.window, context.causal)
+        reach = max(self.dilations) * max(look_back, look_ahead)
+        if devices > 1 and reach > shard:
+            return (f"each device holds {shard} positions, fewer than the dilated window's "
+                    f"reach {reach} (the halo would span more than one neighbour)")
+        if self.global_tokens > shard:
+            return (f"global_tokens={self.global_tokens} do not fit on the first device, "
+                    f"which holds {shard} positions")
+        return None
 
     def _input_space_projections(self, context):
         """``(key_input, value_input, key_kernel, value_kernel, value_bias,

@@ -7,6 +7,10 @@ from keras import ops
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.dispatch import CONTEXT_PARALLEL
+from keras_longattn.layers.dispatch import context_parallel_axes
+from keras_longattn.layers.dispatch import context_parallel_devices
+from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import sparse as la_sparse
 
@@ -80,6 +84,15 @@ class SparseAttention(BaseAttention):
         FlexAttention returns none), fixed ``"merged"`` appends the summary
         keys to the keys (one softmax); no attention dropout, and on the
         CPU forward only.
+        ``"context_parallel"`` (JAX, ``pattern="strided"``, under a
+        :class:`keras_longattn.parallel.ContextParallel` distribution,
+        where ``"auto"`` picks it first): the sequence split over the
+        distribution's sequence axis, part A from the window's halo of the
+        neighbouring devices, part B on whole columns dealt out to the
+        devices by an all-to-all, merged by log-sum-exp
+        (:func:`keras_longattn.parallel.halo_strided_attention`);
+        self-attention, each device's share a multiple of ``l`` and ``l`` a
+        multiple of the devices; no attention dropout in training.
         ``"reference"``: dense attention under each head's
         pattern, O(T * S); also used for ``return_attention_scores``.
 
@@ -117,7 +130,7 @@ class SparseAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
-            ``"pallas"``, ``"flex"`` or ``"reference"``).
+            ``"pallas"``, ``"flex"``, ``"context_parallel"`` or ``"reference"``).
 
     Call arguments:
         As ``keras.layers.MultiHeadAttention``: ``query`` ``(B, T, dim)``,
@@ -430,6 +443,46 @@ class SparseAttention(BaseAttention):
             "flex", self.compute_dtype, trainable=self.trainable,
             needs_lse=self.pattern == "strided" and self.combination == "merged",
         )
+
+    @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
+    def _context_parallel(self, query, key, value, context):
+        """The strided pattern with the sequence split over the devices of
+        the :class:`~keras_longattn.parallel.ContextParallel` in scope."""
+        from keras_longattn.parallel.context import halo_strided_attention
+
+        T, S = context.query_length, context.key_length
+        axes = context_parallel_axes(query.shape[0])
+
+        def attend(q, k, v):
+            return halo_strided_attention(
+                q, k, v, stride=self.resolve_block_length(la_ops.shapes.larger(T, S)),
+                combination=self.combination, causal=context.causal,
+                key_mask=context.padding.key_mask, scale=self._inverse_sqrt_key_dim,
+                **axes,
+            )
+
+        if self.remat:
+            attend = keras.remat(attend)
+        return attend(query, key, value)
+
+    @_context_parallel.refuses
+    def _context_parallel(self, context):
+        if self.pattern != "strided":
+            return (f"pattern={self.pattern!r} has no context-parallel path (only "
+                    "'strided')")
+        reason = context_parallel_refusal(context)
+        if reason is not None:
+            return reason
+        devices = context_parallel_devices()
+        shard = context.query_length // devices
+        l = self.resolve_block_length(context.query_length)
+        if shard % l:
+            return (f"each device's {shard} positions are not a multiple of the stride "
+                    f"block_length={l}")
+        if l % devices:
+            return (f"block_length={l} is not a multiple of the {devices} devices of the "
+                    "sequence axis (each device takes whole columns)")
+        return None
 
     def _block_sparse(self, query, key, value, context, fused, band_kernel=False):
         T, S = context.query_length, context.key_length

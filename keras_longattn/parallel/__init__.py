@@ -7,7 +7,9 @@
   sequence axis across a ``"sequence"`` mesh axis.
 * :mod:`keras_longattn.parallel.context`: context (sequence) parallelism on
   JAX: ring attention for full attention, a halo exchange for sliding
-  windows.
+  windows (Local, Longformer, strided Sparse). Under a
+  :class:`ContextParallel` in scope the layers run them by themselves
+  (their ``"context_parallel"`` paths).
 * :mod:`keras_longattn.parallel.measure`: per-device memory and collective
   traffic of a compiled program.
 
@@ -19,6 +21,7 @@ from keras_longattn.parallel.context import causal_schedule
 from keras_longattn.parallel.context import context_parallel_refusal
 from keras_longattn.parallel.context import halo_local_attention
 from keras_longattn.parallel.context import halo_longformer_attention
+from keras_longattn.parallel.context import halo_strided_attention
 from keras_longattn.parallel.context import ring_attention
 from keras_longattn.parallel.context import zigzag_order
 from keras_longattn.parallel.layouts import LAYOUT_RULES
@@ -32,6 +35,7 @@ __all__ = [
     "context_parallel_refusal",
     "halo_local_attention",
     "halo_longformer_attention",
+    "halo_strided_attention",
     "layout_map",
     "ring_attention",
     "zigzag_order",

@@ -1,7 +1,7 @@
 """Context parallelism on JAX: attention with the sequence axis sharded
 across the devices of a mesh.
 
-Two exact algorithms, both run under ``jax.shard_map`` on one axis of a
+Exact algorithms, all run under ``jax.shard_map`` on one axis of a
 :class:`keras.distribution.DeviceMesh` (or a ``jax.sharding.Mesh``), both
 differentiable (the backward pass runs the same collectives in reverse):
 
@@ -23,8 +23,15 @@ differentiable (the backward pass runs the same collectives in reverse):
   neighbour (the halo), then runs the blocked O(n * w) band attention of
   :func:`keras_longattn.ops.local_attention` on its block: O(w)
   communication and O(n / P * w) memory per device.
+* :func:`halo_longformer_attention`, Longformer's dilated window (a halo)
+  and global tokens (shared from the first device, the global rows merged
+  across devices by log-sum-exp): O(w + g) communication per device.
+* :func:`halo_strided_attention`, the Sparse Transformer's strided
+  pattern: the window part from a halo, the column part (every
+  ``stride``-th key) on whole columns that one all-to-all deals out to the
+  devices, merged by log-sum-exp: O(w + n / P) communication per device.
 
-Both take and return global arrays ``(B, T, H, d)`` (they may be traced
+All take and return global arrays ``(B, T, H, d)`` (they may be traced
 values inside a ``jax.jit``, e.g. a Keras layer's call under a
 ``keras.distribution`` distribution) and place the sequence axis on
 ``sequence_axis``; the batch and head axes may be sharded too
@@ -32,7 +39,10 @@ values inside a ``jax.jit``, e.g. a Keras layer's call under a
 ``(B, S)`` (False for padded keys); a query that sees no key gets a zero
 output, as in :func:`keras_longattn.ops.reference_attention`.
 
-Other Keras backends refuse: :func:`context_parallel_refusal` says why.
+The layers run them themselves (their ``"context_parallel"`` paths) while
+a :class:`~keras_longattn.parallel.ContextParallel` distribution is in
+scope. Other Keras backends refuse: :func:`context_parallel_refusal` says
+why.
 """
 
 from __future__ import annotations
@@ -41,12 +51,14 @@ from __future__ import annotations
 import numpy as np
 
 from keras_longattn._validation import non_negative_int
+from keras_longattn._validation import positive_int
 from keras_longattn.kernels.constants import MASKED_LOGIT
 
 __all__ = [
     "context_parallel_refusal",
     "halo_local_attention",
     "halo_longformer_attention",
+    "halo_strided_attention",
     "ring_attention",
     "causal_schedule",
     "zigzag_order",
@@ -678,3 +690,177 @@ def halo_longformer_attention(
     if not g:
         global_query = jnp.zeros((query.shape[0], 0) + tuple(query.shape[2:]), query.dtype)
     return run(query, key, value, key_mask, global_key, global_value, global_query)
+
+
+def _to_columns(x, stride, axis):
+    """A device's block ``x`` ``(B, c, ...)`` (``c`` a multiple of
+    ``stride``) as ``(B, n / stride, stride / P, ...)``: the whole sequence's
+    rows for this device's share of the ``stride`` columns (residues), by
+    one all-to-all over ``axis``."""
+    import jax
+
+    b, c = x.shape[:2]
+    rows = x.reshape((b, c // stride, stride) + tuple(x.shape[2:]))
+    return jax.lax.all_to_all(rows, axis, 2, 1, tiled=True)
+
+
+def _from_columns(x, axis):
+    """The inverse of :func:`_to_columns`: ``(B, n / stride, stride / P,
+    ...)`` back to the device's block ``(B, c, ...)``."""
+    import jax
+
+    rows = jax.lax.all_to_all(x, axis, 1, 2, tiled=True)
+    b, r, s = rows.shape[:3]
+    return rows.reshape((b, r * s) + tuple(rows.shape[3:]))
+
+
+def _column_part(q, k, v, km, causal, skip_self):
+    """Attention within each column of the sequence seen as
+    ``(n / stride, stride)``: ``q``, ``k``, ``v`` ``(B, R, C, H, d)``
+    (``R`` rows, ``C`` columns), ``km`` ``(B, R, C)``. Row ``a`` sees rows
+    ``a'`` of its column (``a' <= a`` when ``causal``; ``a' != a`` when
+    ``skip_self``). Returns ``(out, lse)`` in float32, ``(B, R, C, H, dv)``
+    and ``(B, R, C, H)``."""
+    import jax.numpy as jnp
+
+    from keras_longattn.ops.reference import softmax_with_lse
+
+    rows = q.shape[1]
+    scores = jnp.einsum("bachd,bxchd->bchax", q, k, preferred_element_type=jnp.float32)
+    a = np.arange(rows)
+    allowed = np.ones((rows, rows), bool)
+    if causal:
+        allowed &= a[:, None] >= a[None, :]
+    if skip_self:
+        allowed &= a[:, None] != a[None, :]
+    visible = jnp.logical_and(jnp.transpose(km, (0, 2, 1))[:, :, None, None, :],
+                              jnp.asarray(allowed)[None, None, None])
+    probs, lse = softmax_with_lse(scores, visible)
+    out = jnp.einsum("bchax,bxchd->bachd", probs.astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return out, jnp.transpose(lse, (0, 3, 1, 2))
+
+
+def halo_strided_attention(
+    query,
+    key,
+    value,
+    *,
+    mesh,
+    sequence_axis,
+    stride,
+    combination="merged",
+    causal=False,
+    batch_axis=None,
+    key_mask=None,
+    scale=None,
+    block_size=None,
+):
+    """Strided Sparse Transformer attention
+    (:class:`~keras_longattn.layers.SparseAttention` with
+    ``pattern="strided"``) with the sequence sharded over a mesh axis.
+
+    The pattern's two parts, with ``l = stride``: A, the window of the
+    ``l - 1`` previous keys (and ``l - 1`` next ones when not causal), runs
+    as :func:`halo_local_attention` does, from the ``l - 1`` keys each
+    neighbour sends (the halo); B, every ``l``-th key (``j = i mod l``), runs
+    on the sequence seen as ``(n / l, l)``: one all-to-all gives each device
+    ``l / P`` whole columns (the keys of a column lie on every device), the
+    attention within each column is local, and a second all-to-all returns
+    the outputs and their log-sum-exps. What travels per device: O(l) halo
+    positions and ``(P - 1) / P`` of its own block of queries, keys and
+    values for B (O(n / P), never the O(n) keys of an all-gather). With
+    ``"merged"`` the two parts are merged by their log-sum-exp (a key in
+    both, the query's own position, counts once).
+
+    Args:
+        query, key, value: ``(B, n, H, d)``, ``(B, n, H, d)``,
+            ``(B, n, H, dv)``: self-attention, each device's block
+            ``n / P`` a multiple of ``stride``.
+        mesh, sequence_axis, batch_axis: as :func:`ring_attention` (heads
+            are not sharded: ``"multihead"`` gives them different parts).
+        stride: ``l``, a multiple of the ``P`` devices of ``sequence_axis``
+            (B's columns are dealt out ``l / P`` per device).
+        combination: ``"merged"`` (every head A and B in one softmax),
+            ``"multihead"`` (the first ``ceil(H / 2)`` heads A, the others
+            B), ``"first"`` (A) or ``"second"`` (B), as
+            :func:`keras_longattn.ops.sparse.sparse_head_patterns`.
+        causal: query ``i`` sees keys ``j <= i`` only.
+        key_mask: optional boolean ``(B, n)``, False for padded keys.
+        scale: logit multiplier. Defaults to ``1 / sqrt(d)``.
+        block_size: block length of the per-device band of part A.
+
+    Returns:
+        ``(B, n, H, dv)``, equal to
+        :func:`keras_longattn.ops.sparse.sparse_attention` with
+        ``pattern="strided"`` on one device.
+    """
+    _require_jax()
+    import jax.numpy as jnp
+
+    from keras_longattn.ops.blocked import dilated_band_attention
+    from keras_longattn.ops.sparse import check_sparse_combination
+    from keras_longattn.ops.sparse import multihead_split
+
+    _check_shapes(query, key, value, key_mask)
+    check_sparse_combination(combination)
+    jmesh = _jax_mesh(mesh)
+    num = _axis_size(jmesh, sequence_axis, "sequence_axis")
+    _axis_size(jmesh, batch_axis, "batch_axis")
+    n, H = int(query.shape[1]), int(query.shape[2])
+    if int(key.shape[1]) != n:
+        raise ValueError(
+            "halo_strided_attention needs query and key of the same length. "
+            f"Received: query length {n}, key length {int(key.shape[1])}")
+    l = positive_int("stride", stride)
+    _check_divisible(n, num, "query", "the devices of the sequence axis")
+    shard = n // num
+    if shard % l:
+        raise ValueError(
+            f"Each device's block ({shard} positions: length {n} over {num} devices) must be "
+            f"a multiple of the stride, so that no row of the (n / stride, stride) layout "
+            f"straddles two devices. Received: stride={l}")
+    if l % num:
+        raise ValueError(
+            f"`stride` must be a multiple of the {num} devices of the sequence axis (each "
+            f"device takes stride / devices whole columns). Received: stride={l}")
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    dtype = query.dtype
+    if key_mask is None:
+        key_mask = jnp.ones((key.shape[0], n), bool)
+    key_mask = jnp.asarray(key_mask).astype(bool)
+    heads_a = {"multihead": multihead_split(H), "merged": H, "first": H,
+               "second": 0}[combination]
+    heads_b = {"multihead": H - heads_a, "merged": H, "first": 0, "second": H}[combination]
+    before, after = l - 1, 0 if causal else l - 1
+
+    def band(q, k, v, km):
+        qe = _with_halo(q, before, after)
+        ke, ve, kme = (_with_halo(x, before, after, num, sequence_axis) for x in (k, v, km))
+        out, lse = dilated_band_attention(qe, ke, ve, before, after, 1, block_size=block_size,
+                                          key_mask=kme, scale=scale)
+        c = q.shape[1]
+        return (out[:, before:before + c].astype(jnp.float32), lse[:, before:before + c])
+
+    def columns(q, k, v, km):
+        qc, kc, vc, kmc = (_to_columns(x, l, sequence_axis) for x in (q, k, v, km))
+        out, lse = _column_part(qc * jnp.asarray(scale, qc.dtype), kc, vc, kmc, causal,
+                                skip_self=combination == "merged")
+        return _from_columns(out, sequence_axis), _from_columns(lse, sequence_axis)
+
+    def body(q, k, v, km):
+        if combination == "merged":
+            out, lse = _merge(*band(q, k, v, km), *columns(q, k, v, km))
+            return out.astype(dtype)
+        pieces = []
+        if heads_a:
+            pieces.append(band(q[:, :, :heads_a], k[:, :, :heads_a], v[:, :, :heads_a], km)[0])
+        if heads_b:
+            pieces.append(columns(q[:, :, heads_a:], k[:, :, heads_a:], v[:, :, heads_a:],
+                                  km)[0])
+        return jnp.concatenate(pieces, axis=2).astype(dtype)
+
+    tokens, _, mask = _specs(batch_axis, sequence_axis, None)
+    run = _shard_map(body, jmesh, (tokens, tokens, tokens, mask), tokens)
+    return run(query, key, value, key_mask)

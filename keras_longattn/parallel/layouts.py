@@ -110,11 +110,16 @@ class ContextParallel(keras.distribution.ModelParallel):
 
     XLA partitions the position-wise parts of a model (embeddings,
     projections, feed-forward, norms) along the sequence from this
-    layout. Inside attention it gathers what each query needs, unless
-    the attention core runs as
-    :func:`~keras_longattn.parallel.ring_attention` or
-    :func:`~keras_longattn.parallel.halo_local_attention`, which send only
-    key/value blocks or the window's halo between devices.
+    layout. While it is in scope, ``implementation="auto"`` runs the
+    attention core of ``FullAttention``, ``LocalAttention``,
+    ``LongformerAttention`` and strided ``SparseAttention`` as their
+    ``"context_parallel"`` path (:func:`~keras_longattn.parallel.ring_attention`,
+    :func:`~keras_longattn.parallel.halo_local_attention`,
+    :func:`~keras_longattn.parallel.halo_longformer_attention`,
+    :func:`~keras_longattn.parallel.halo_strided_attention`), which send
+    only key/value blocks, the window's halo or whole columns between
+    devices; elsewhere (other layers, calls those paths refuse) XLA
+    gathers what each query needs.
 
     Args:
         device_mesh: a ``keras.distribution.DeviceMesh`` holding both

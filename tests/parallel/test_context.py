@@ -1,7 +1,8 @@
 """Context parallelism (keras_longattn.parallel.context) on 8 simulated
-devices: ring attention equals the dense reference and halo local attention
-equals the one-device blocked band, values and gradients, causal and not,
-with padding; the halo's traffic does not grow with the sequence, the ring's
+devices: ring attention equals the dense reference, halo local attention
+the one-device blocked band and halo strided attention the one-device
+strided Sparse Transformer op, values and gradients, causal and not, with
+padding; the halo's traffic does not grow with the sequence, the ring's
 does; per-device memory falls with the devices; bad arguments are refused.
 
 Tolerance: float32, 1e-5 absolute on values and gradients.
@@ -15,6 +16,7 @@ from keras_longattn.parallel import causal_schedule
 from keras_longattn.parallel import context_parallel_refusal
 from keras_longattn.parallel import halo_local_attention
 from keras_longattn.parallel import halo_longformer_attention
+from keras_longattn.parallel import halo_strided_attention
 from keras_longattn.parallel import ring_attention
 from keras_longattn.parallel import zigzag_order
 
@@ -170,6 +172,59 @@ def test_halo_longformer_equals_one_device(devices, causal, dilation, global_tok
         _close(got, want)
 
 
+@pytest.mark.parametrize("combination,causal", [("multihead", True), ("second", False)])
+def test_halo_strided_equals_one_device(devices, combination, causal):
+    """Strided Sparse Transformer attention: the window from the halo, the
+    columns from an all-to-all; "merged" is covered by
+    tests/parallel/test_layers_context.py."""
+    import jax
+
+    from keras_longattn.ops.sparse import sparse_attention
+
+    q, k, v, km = _inputs()
+    mesh = _mesh()
+
+    def halo(q, k, v):
+        return halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence",
+                                      batch_axis="batch", stride=8, combination=combination,
+                                      causal=causal, key_mask=km)
+
+    def one(q, k, v):
+        return sparse_attention(q, k, v, pattern="strided", block_length=8,
+                                combination=combination, causal=causal, key_mask=km)
+
+    _close(jax.jit(halo)(q, k, v), jax.jit(one)(q, k, v))
+    for got, want in zip(_grads(halo, q, k, v), _grads(one, q, k, v)):
+        _close(got, want)
+
+
+def test_halo_strided_traffic_is_the_window_and_the_own_block(devices):
+    """What halo strided attention sends per device (forward, traced
+    program): the window's halo (7 keys, values and mask) and, for the
+    columns, its own block of queries, keys, values and mask out and of
+    outputs and log-sum-exps back (two all-to-alls): O(w + n / P), not the
+    O(n) keys of an all-gather."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_longattn.parallel.measure import jaxpr_collective_bytes
+
+    mesh = _mesh((8,), ("sequence",))
+    row = B * H * D * 4
+    for n in (128, 256):
+        x = jnp.zeros((B, n, H, D), jnp.float32)
+        mask = jnp.ones((B, n), bool)
+
+        def fn(q, k, v, mask=mask):
+            return halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence",
+                                          stride=8, causal=True, key_mask=mask)
+
+        block = n // 8
+        halo = 7 * row * 2 + 7 * B
+        columns = block * row * 3 + block * B + block * row + block * B * H * 4
+        assert jaxpr_collective_bytes(jax.make_jaxpr(fn)(x, x, x)) == halo + columns
+
+
 def test_halo_traffic_is_the_window_and_ring_traffic_the_sequence(devices):
     """Bytes the collectives move per device, forward + backward, from the
     compiled programs: constant in n for the halo, growing with n for the
@@ -240,6 +295,15 @@ def test_refusals(devices):
     with pytest.raises(ValueError, match="global_query.shape"):
         halo_longformer_attention(q, k, v, mesh=mesh, sequence_axis="sequence", window=4,
                                   global_tokens=2, global_query=q[:, :3])
+    with pytest.raises(ValueError, match="multiple of the 8 devices.*stride=4"):
+        halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence", stride=4)
+    with pytest.raises(ValueError, match="8 positions.*multiple of the stride.*stride=16"):
+        halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence", stride=16)
+    with pytest.raises(ValueError, match="stride=0"):
+        halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence", stride=0)
+    with pytest.raises(ValueError, match="combination"):
+        halo_strided_attention(q, k, v, mesh=mesh, sequence_axis="sequence", stride=8,
+                               combination="both")
     with pytest.raises(ValueError, match="look_ahead=-1"):
         halo_local_attention(q, k, v, mesh=mesh, sequence_axis="sequence", look_back=2,
                              look_ahead=-1)
