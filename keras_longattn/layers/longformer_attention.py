@@ -6,6 +6,7 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
+from keras_longattn.layers._longformer_decoding import LongformerDecoding
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import _as_tensor
 from keras_longattn.layers.base_attention import _zero_where_not
@@ -22,7 +23,7 @@ GLOBAL_PROJECTIONS = ("query_global", "key_global", "value_global")
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
-class LongformerAttention(BaseAttention):
+class LongformerAttention(LongformerDecoding, BaseAttention):
     """Longformer attention: a (dilated) sliding window plus global tokens.
 
     Each query attends to a window of keys around it and to the global
@@ -137,7 +138,11 @@ class LongformerAttention(BaseAttention):
         at global positions (self-attention: ``T == S``). In a functional
         model pass a ``keras.Input((T,), dtype="bool")``. Overrides
         ``global_tokens`` for the call. A dense ``attention_mask`` is only
-        accepted with ``implementation="reference"``.
+        accepted with ``implementation="reference"``. ``cache`` and
+        ``cache_update_index``: causal decoding with a cache
+        (:meth:`init_cache`; the ring of the widest dilated window, the
+        first ``global_tokens`` positions and their global projections; no
+        ``global_mask``), returning ``(output, cache)``.
 
     Returns:
         ``(B, T, output_dim)`` (and the weights if requested). Queries that
@@ -275,8 +280,15 @@ class LongformerAttention(BaseAttention):
     # ------------------------------------------------------------------ call
     def call(self, query, value, key=None, query_mask=None, value_mask=None,
              key_mask=None, attention_mask=None, return_attention_scores=False,
-             training=None, use_causal_mask=False, global_mask=None):
+             training=None, use_causal_mask=False, global_mask=None, cache=None,
+             cache_update_index=None):
         global_mask = _as_tensor(global_mask)
+        decoding = cache is not None or cache_update_index is not None
+        if global_mask is not None and decoding:
+            raise ValueError(
+                "A decoding call takes no `global_mask`: the global positions of a "
+                "cache are the first `global_tokens`. Received: global_mask of shape "
+                f"{tuple(global_mask.shape)}")
         if global_mask is not None:
             self._check_global_mask(global_mask, query, value if key is None else key)
         self._call_state.pending = (query, value if key is None else key, value, global_mask)
@@ -287,6 +299,7 @@ class LongformerAttention(BaseAttention):
                 attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
                 training=training, use_causal_mask=use_causal_mask,
+                cache=cache, cache_update_index=cache_update_index,
             )
         finally:
             self._call_state.pending = None
@@ -606,3 +619,5 @@ class _CallState:
     """What a call hands to its attention paths besides projected heads."""
 
     pending = None
+    #: The new tokens' inputs of a decoding call (their global projections).
+    decode_inputs = None
