@@ -19,3 +19,5 @@ from keras_longattn.layers.nystrom_attention import NystromAttention
 from keras_longattn.layers.lsh_attention import LSHAttention
 from keras_longattn.layers.linear_attention import LinearAttention
 from keras_longattn.layers.performer_attention import PerformerAttention
+from keras_longattn.layers.entmax_attention import EntmaxAttention
+from keras_longattn.layers.adaptive_span_attention import AdaptiveSpanAttention

@@ -23,6 +23,12 @@
   pure function);
 * :mod:`~keras_longattn.ops.chunked`: sorted-chunk attention over buckets;
 * :mod:`~keras_longattn.ops.rotary`: rotary position embeddings;
+* :mod:`~keras_longattn.ops.entmax`: α-entmax normalisers, sparse
+  alternatives to the softmax with exact gradients: :func:`sparsemax`,
+  :func:`entmax15` (exact, sort-based), :func:`entmax_bisect` (any α, one
+  α per head) are exported here; the dispatcher on α is
+  ``ops.entmax.entmax`` (the module keeps the name ``entmax``, so that
+  ``from keras_longattn.ops import entmax`` stays the module);
 * :mod:`~keras_longattn.ops.layouts`: block layouts of block-sparse
   attention and the token arrangements behind them (NumPy, cached per
   shape);
@@ -55,6 +61,7 @@ H heads, d head size.
 from keras_longattn.ops import adamra
 from keras_longattn.ops import bigbird
 from keras_longattn.ops import chunked
+from keras_longattn.ops import entmax
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import kmeans
 from keras_longattn.ops import performer
@@ -77,6 +84,9 @@ from keras_longattn.ops.blocked import local_attention
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.chunked import sorted_chunk_attention
 from keras_longattn.ops.chunked import sorted_chunk_mask
+from keras_longattn.ops.entmax import entmax15
+from keras_longattn.ops.entmax import entmax_bisect
+from keras_longattn.ops.entmax import sparsemax
 from keras_longattn.ops.fused import fused_dot_product_attention
 from keras_longattn.ops.kernelized import associative_attention
 from keras_longattn.ops.kernelized import causal_kernel_attention

@@ -401,3 +401,14 @@ def test_refuses_bad_n_iter(n_iter):
         with pytest.raises(ValueError, match="`n_iter` must be a positive integer") as info:
             fn(_rand(2, 4), 1.3, n_iter=n_iter)
         assert f"n_iter={n_iter!r}" in str(info.value)
+
+
+def test_exported_from_ops():
+    """The normalisers are exported from ``keras_longattn.ops``; the module
+    keeps its name there (``ops.entmax.entmax`` dispatches on α)."""
+    from keras_longattn import ops as la_ops
+
+    assert la_ops.sparsemax is em.sparsemax
+    assert la_ops.entmax15 is em.entmax15
+    assert la_ops.entmax_bisect is em.entmax_bisect
+    assert la_ops.entmax is em
