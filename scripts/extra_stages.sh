@@ -9,9 +9,9 @@
 # the script with its exit status):
 #   notebooks  execute with papermill, at CI size, into build/notebooks/
 #              (keras-longattn reproduce): the notebooks in NOTEBOOKS
-#              (default: quickstart, the one notebook without a committed
-#              full-size run, so that its docs page shows this run); every
-#              paper notebook is executed by the nbval stage
+#              (default: quickstart and generation, the notebooks without a
+#              committed full-size run, so that their docs pages show this
+#              run); every paper notebook is executed by the nbval stage
 #   lra        the LRA-style suite at CI size, every task for one layer
 #              (keras-longattn lra; reports in build/lra/)
 #   nbval      execute every notebook of notebooks/ (committed without
@@ -35,7 +35,7 @@
 #              Chromium (tests/docs/test_site_browser.py); installs Debian's
 #              chromium package with apt-get when it is missing
 # Environment: NOTEBOOK_BACKEND (default: each notebook's own, jax),
-# NOTEBOOKS (notebooks stage: slugs or "all"; default: quickstart),
+# NOTEBOOKS (notebooks stage: slugs or "all"; default: "quickstart generation"),
 # STAGES (default: all, in order).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -57,7 +57,7 @@ python -c "import keras_longattn, papermill, nbval, mkdocs" 2>/dev/null || {
 stage_notebooks() {
   local backend_args=()
   [ -n "${NOTEBOOK_BACKEND:-}" ] && backend_args=(--backend "$NOTEBOOK_BACKEND")
-  local selection=(${NOTEBOOKS:-quickstart})
+  local selection=(${NOTEBOOKS:-quickstart generation})
   [ "${selection[*]}" = "none" ] && { echo "[notebooks] NOTEBOOKS=none: nothing to run"; return 0; }
   [ "${selection[*]}" = "all" ] && selection=(--all)
   python -m keras_longattn.reproduce "${selection[@]}" --output-dir "$NOTEBOOK_DIR" "${backend_args[@]}"
@@ -79,7 +79,7 @@ stage_nbval() {
   local index=${shard%/*} count=${shard#*/}
   [ "$count" -gt 1 ] && dir="$NBVAL_DIR-$index"
   rm -rf "$dir" && mkdir -p "$dir"
-  local ran=" ${NOTEBOOKS:-quickstart} " path slug position=0 selected=() seen=" "
+  local ran=" ${NOTEBOOKS:-quickstart generation} " path slug position=0 selected=() seen=" "
   for slug in ${NBVAL_ORDER:-} $(cd notebooks && ls *.ipynb | sed 's/\.ipynb$//'); do
     [[ "$seen" == *" $slug "* ]] && continue
     seen="$seen$slug "

@@ -284,9 +284,12 @@ class BigBirdPattern(AttentionPattern):
 
     def allowed(self, q_pos, k_pos):
         b = self.block_size
-        blocks = self.block_mask()
-        nq, nk = blocks.shape
-        flat = ops.convert_to_tensor(blocks.reshape(-1))
+        nq, nk = -(-self.query_length // b), -(-self.key_length // b)
+        # The block mask as a tensor (not through NumPy), so that a compiled
+        # function may build it.
+        blocks = block_mask(nq, nk, nk, self.window_blocks, self.global_blocks,
+                            self.random_blocks, self.seed, self.causal)[0]
+        flat = ops.reshape(blocks, (-1,))
         qb, kb = ops.floor_divide(q_pos, b), ops.floor_divide(k_pos, b)
         inside = ops.logical_and(
             ops.logical_and(qb >= 0, qb < nq), ops.logical_and(kb >= 0, kb < nk))

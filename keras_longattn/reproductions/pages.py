@@ -40,7 +40,8 @@ files give, ``--write`` rewrites it. Four kinds of region:
 
 **Sources.** ``NAME`` is ``docs/results/NAME.json``; ``benchmarks`` is
 ``docs/benchmarks/results.json``, ``context_parallel``
-``docs/parallel/context_parallel.json``.
+``docs/parallel/context_parallel.json``, ``decode``
+``docs/benchmarks/decode.json`` (``keras-longattn decode-bench --write``).
 
 **Pages**: ``papers/*.md`` and the guides of :data:`OTHER_PAGES`.
 
@@ -131,11 +132,12 @@ RESULTS_DIR = Path("docs") / "results"
 NAMED_SOURCES = {
     "benchmarks": Path("docs") / "benchmarks" / "results.json",
     "context_parallel": Path("docs") / "parallel" / "context_parallel.json",
+    "decode": Path("docs") / "benchmarks" / "decode.json",
 }
 #: The paper pages, relative to the checkout.
 PAGES_GLOB = "papers/*.md"
 #: Other pages with generated regions, relative to the checkout.
-OTHER_PAGES = ("docs/guides/distributed.md",)
+OTHER_PAGES = ("docs/guides/distributed.md", "docs/guides/decoding.md")
 OPTIONS = ("fmt", "join", "none", "only")
 _FUNCTIONS = {
     "min": min,

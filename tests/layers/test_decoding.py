@@ -140,7 +140,8 @@ def compiled_decoding(layer, x, prefill=0):
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="JAX's and TensorFlow's compilers")
-@pytest.mark.parametrize("kind", ["full", "linear", "local", "performer"])
+@pytest.mark.parametrize("kind", ["bigbird", "full", "linear", "local", "performer",
+                                  "synthesizer-dense+random+vanilla"])
 def test_compiled_step_with_a_traced_index(kind):
     """One compiled step function (the index traced, the cache of fixed
     size) serves every position."""
