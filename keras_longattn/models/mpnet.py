@@ -26,11 +26,11 @@ import keras
 from keras import ops
 
 from keras_longattn.models import _attention_config
+from keras_longattn.models._validation import check_int
 from keras_longattn.models._validation import check_rate
 from keras_longattn.models.two_stream import KINDS as TWO_STREAM_KINDS
 from keras_longattn.models.two_stream import permutation_split
 from keras_longattn.models.two_stream import two_stream_masks
-from keras_longattn._validation import positive_int
 
 OBJECTIVES = ("mlm", "plm", "mpnet")
 
@@ -68,9 +68,8 @@ class TwoStreamBlock(keras.layers.Layer):
         if kind not in TWO_STREAM_KINDS:
             raise ValueError(f"`kind` must be one of {TWO_STREAM_KINDS}. Received: kind={kind!r}")
         self.kind = kind
-        self.num_heads = positive_int("num_heads", num_heads)
-        self.feedforward_dim = None if feedforward_dim is None else positive_int(
-            "feedforward_dim", feedforward_dim)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.feedforward_dim = check_int("feedforward_dim", feedforward_dim, allow_none=True)
         self.dropout = check_rate("dropout", dropout)
         self._attention_spec = attention
         self.attention = None
@@ -163,11 +162,11 @@ class PretrainingModel(keras.Model):
                  objective="mpnet", predict_ratio=0.15, mask_token_id=None, attention=None,
                  dropout=0.0, **kwargs):
         super().__init__(**kwargs)
-        self.vocab_size = positive_int("vocab_size", vocab_size)
-        self.sequence_length = positive_int("sequence_length", sequence_length)
-        self.dim = positive_int("dim", dim)
-        self.num_layers = positive_int("num_layers", num_layers)
-        self.num_heads = positive_int("num_heads", num_heads)
+        self.vocab_size = check_int("vocab_size", vocab_size)
+        self.sequence_length = check_int("sequence_length", sequence_length)
+        self.dim = check_int("dim", dim)
+        self.num_layers = check_int("num_layers", num_layers)
+        self.num_heads = check_int("num_heads", num_heads)
         if objective not in OBJECTIVES:
             raise ValueError(
                 f"`objective` must be one of {OBJECTIVES}. Received: objective={objective!r}")

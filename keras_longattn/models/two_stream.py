@@ -33,9 +33,8 @@ tokens.
 import keras
 import numpy as np
 
-from keras_longattn._validation import non_negative_int
-from keras_longattn._validation import positive_int
 from keras_longattn.models import _attention_config
+from keras_longattn.models._validation import check_int
 
 KINDS = ("mpnet", "plm")
 
@@ -57,8 +56,8 @@ def two_stream_masks(num_tokens, num_predicted, kind="mpnet"):
         content stream's tokens in order (the permuted tokens, then the
         mask tokens).
     """
-    n = positive_int("num_tokens", num_tokens)
-    b = positive_int("num_predicted", num_predicted)
+    n = check_int("num_tokens", num_tokens)
+    b = check_int("num_predicted", num_predicted)
     if b > n:
         raise ValueError(
             "`num_predicted` must be at most `num_tokens`. "
@@ -122,8 +121,8 @@ class TwoStreamAttention(keras.layers.Layer):
 
     def __init__(self, attention=None, num_heads=4, key_dim=16, **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = positive_int("num_heads", num_heads)
-        self.key_dim = positive_int("key_dim", key_dim)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.key_dim = check_int("key_dim", key_dim)
         if attention is None:
             attention = {"class_name": "FullAttention",
                          "config": {"num_heads": self.num_heads, "key_dim": self.key_dim}}
@@ -180,7 +179,7 @@ class TwoStreamAttention(keras.layers.Layer):
 def permutation_split(length, predict_ratio):
     """``b``, the number of predicted tokens of a sentence of ``length``
     tokens: ``round(length * predict_ratio)``, at least 1."""
-    length = positive_int("length", length)
+    length = check_int("length", length)
     ratio = float(predict_ratio)
     if not 0.0 < ratio <= 1.0:
         raise ValueError(
@@ -201,7 +200,7 @@ def permute_for_prediction(tokens, predict_ratio, seed=0):
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
         raise ValueError(f"`tokens` must be (batch, length). Received: shape={tokens.shape}")
-    non_negative_int("seed", seed)
+    check_int("seed", seed, min_value=0)
     b = permutation_split(tokens.shape[1], predict_ratio)
     rng = np.random.default_rng(seed)
     order = np.argsort(rng.random(tokens.shape), axis=1)
