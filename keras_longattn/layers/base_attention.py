@@ -892,6 +892,14 @@ class BaseAttention(keras.layers.Layer):
         self.last_implementation = "decode"
         return self._output_dense(out), cache
 
+    def _written_full_cache(self, cache, key, value, index):
+        """A full-length cache ``(B, 2, S, H_kv, d)`` with the new keys and
+        values written at ``index``, in one update (in place where the
+        caller donates the cache), and its keys and values."""
+        cache = ops.cast(cache, key.dtype)
+        cache = ops.slice_update(cache, (0, 0, index, 0, 0), ops.stack([key, value], axis=1))
+        return cache, cache[:, 0], cache[:, 1]
+
     def _decode_each_token(self, step, tokens, cache, index):
         """Decodes ``T`` new tokens one after the other: ``step(*token_slices,
         cache, position)`` returns ``(out (B, 1, H, dv), cache)`` for the
@@ -915,11 +923,8 @@ class BaseAttention(keras.layers.Layer):
         the new queries at positions ``index ..`` attending the cached keys
         their head's pattern allows (``head_patterns``: one pattern per
         head, each ANDed with causality); O(max_length) work per token."""
-        cache = ops.cast(cache, key.dtype)
         T, S = query.shape[1], cache.shape[2]
-        start = (0, index, 0, 0)
-        keys = ops.slice_update(cache[:, 0], start, key)
-        values = ops.slice_update(cache[:, 1], start, value)
+        cache, keys, values = self._written_full_cache(cache, key, value, index)
         q_pos = (index + ops.arange(T, dtype="int32"))[:, None]
         k_pos = ops.arange(S, dtype="int32")[None, :]
         causal = k_pos <= q_pos
@@ -931,7 +936,7 @@ class BaseAttention(keras.layers.Layer):
         out = la_ops.reference_attention(
             query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
             mask=mask, scale=self._inverse_sqrt_key_dim, dropout_fn=self._dropout_fn(training))
-        return out, ops.stack([keys, values], axis=1)
+        return out, cache
 
     # ------------------------------------------------------------ validation
     def _validate_call(

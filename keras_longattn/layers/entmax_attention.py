@@ -247,16 +247,13 @@ class EntmaxAttention(BaseAttention):
         """Writes the new keys and values at ``index`` and attends the new
         queries, with α-entmax, to every cached position up to their own."""
         T, S = query.shape[1], cache.shape[2]
-        cache = ops.cast(cache, key.dtype)
-        start = (0, index, 0, 0)
-        keys = ops.slice_update(cache[:, 0], start, key)
-        values = ops.slice_update(cache[:, 1], start, value)
+        cache, keys, values = self._written_full_cache(cache, key, value, index)
         q_pos = index + ops.arange(T, dtype="int32")
         visible = ops.arange(S, dtype="int32")[None, :] <= q_pos[:, None]  # (T, S)
         out = self._entmax_attention(
             query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
             visible[None, None], training)
-        return out, ops.stack([keys, values], axis=1)
+        return out, cache
 
     # ---------------------------------------------------------------- config
     def get_config(self):

@@ -114,14 +114,11 @@ class FullAttention(BaseAttention):
         """Writes the new keys and values at ``index`` and attends the new
         queries to every cached position up to their own."""
         T, S = query.shape[1], cache.shape[2]
-        cache = ops.cast(cache, key.dtype)
-        start = (0, index, 0, 0)
-        keys = ops.slice_update(cache[:, 0], start, key)
-        values = ops.slice_update(cache[:, 1], start, value)
+        cache, keys, values = self._written_full_cache(cache, key, value, index)
         q_pos = index + ops.arange(T, dtype="int32")
         visible = ops.arange(S, dtype="int32")[None, :] <= q_pos[:, None]  # (T, S)
         out = la_ops.reference_attention(
             query, self.expand_key_value_heads(keys), self.expand_key_value_heads(values),
             mask=visible[None], scale=self._inverse_sqrt_key_dim,
             dropout_fn=self._dropout_fn(training))
-        return out, ops.stack([keys, values], axis=1)
+        return out, cache

@@ -867,8 +867,13 @@ class RoutingAttention(BaseAttention):
         query clusters, key clusters and key ranks."""
         B, m, S = ops.shape(cache)[0], self._meta_slots(), cache.shape[2]
         Hk, d, Hr = self.num_key_value_heads, self.key_dim, self.routing_heads
-        flat = ops.reshape(ops.transpose(cache[:, 2:], (0, 2, 1, 3, 4)), (B, S, m * Hk * d))
-        digits = ops.reshape(flat[:, :, :self._record_width()], (B, S, 3, Hr, self._DIGITS))
+        width = self._record_width()
+        # Only the entries that hold records, slot by slot (no copy of the
+        # rest of the slots).
+        parts = [ops.reshape(cache[:, 2 + i], (B, S, Hk * d))[:, :, :width - i * Hk * d]
+                 for i in range(m)]
+        flat = parts[0] if m == 1 else ops.concatenate(parts, axis=-1)
+        digits = ops.reshape(flat, (B, S, 3, Hr, self._DIGITS))
         digits = ops.cast(ops.round(ops.cast(digits, "float32")), "int32")
         meta = sum(digits[..., i] * 256 ** i for i in range(self._DIGITS))
         return [ops.transpose(meta[:, :, i], (0, 2, 1)) for i in range(3)]

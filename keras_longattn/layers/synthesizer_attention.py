@@ -429,11 +429,8 @@ class SynthesizerAttention(BaseAttention):
         return (batch_size, 2, max_length, self.num_key_value_heads, self.key_dim)
 
     def _decode(self, query, key, value, cache, index, training):
-        cache = ops.cast(cache, key.dtype)
         T, S = query.shape[1], cache.shape[2]
-        start = (0, index, 0, 0)
-        keys = ops.slice_update(cache[:, 0], start, key)
-        values = ops.slice_update(cache[:, 1], start, value)
+        cache, keys, values = self._written_full_cache(cache, key, value, index)
         logits = self.synthetic_logits(query, self.expand_key_value_heads(keys), query.dtype,
                                        query_start=index)
         q_pos = (index + ops.arange(T, dtype="int32"))[:, None]
@@ -444,7 +441,7 @@ class SynthesizerAttention(BaseAttention):
             weights = dropout_fn(weights)
         out = ops.einsum("bhts,bshd->bthd", weights,
                          ops.cast(self.expand_key_value_heads(values), weights.dtype))
-        return out, ops.stack([keys, values], axis=1)
+        return out, cache
 
     # ----------------------------------------------------------------- limit
     def full_attention_limit(self, sequence_length):

@@ -154,7 +154,7 @@ def used_key_blocks(key_mask, key_length, block_size):
 
 
 def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks,
-                    global_blocks, random_blocks, seed, causal):
+                    global_blocks, random_blocks, seed, causal, query_blocks=None):
     """The key blocks each query block attends to, without duplicates.
 
     Args:
@@ -165,6 +165,9 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
             (:func:`used_key_blocks`): random blocks are drawn among them.
         window_blocks, global_blocks, random_blocks, seed, causal: the
             pattern (see the module docstring).
+        query_blocks: optional int32 ``(R,)``: the rows of these query
+            blocks only (``R`` rows instead of ``nq``; a row depends on its
+            block index, not on the others).
 
     Returns:
         ``(table, valid)``: int32 ``(B or 1, nq, K)`` key-block indices
@@ -178,7 +181,10 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
     g = int(global_blocks)
     offsets = window_offsets(window_blocks, causal)
     half = int(window_blocks) // 2
-    i = ops.arange(nq, dtype="int32")[:, None]  # (nq, 1)
+    rows = ops.arange(nq, dtype="int32") if query_blocks is None else ops.cast(
+        query_blocks, "int32")
+    nq = nq if query_blocks is None else query_blocks.shape[0]
+    i = rows[:, None]  # (nq, 1)
     win = i + ops.convert_to_tensor(np.asarray(offsets, "int32"))[None, :]  # (nq, w')
     win_ok = ops.logical_and(ops.logical_and(win >= 0, win < nk), win >= g)
     glob = ops.broadcast_to(ops.arange(g, dtype="int32")[None, :], (nq, g))
@@ -195,7 +201,7 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
         candidate = ops.logical_and(j >= g, ops.abs(j - i) > half)  # (nq, nk)
     used = ops.reshape(ops.cast(used_blocks, "int32"), (-1, 1, 1))
     candidate = ops.logical_and(candidate[None], j[None] < used)  # (B or 1, nq, nk)
-    scores = block_scores(seed, ops.arange(nq, dtype="int32"), ops.arange(nk, dtype="int32"))
+    scores = block_scores(seed, rows, ops.arange(nk, dtype="int32"))
     scores = ops.where(candidate, scores[None], -1)
     # At least r columns, so that top_k is defined on short inputs.
     scores = pad_axis(scores, 2, larger(nk, r), value=-1)
@@ -211,16 +217,21 @@ def key_block_table(num_query_blocks, num_key_blocks, used_blocks, window_blocks
 
 
 def block_mask(num_query_blocks, num_key_blocks, used_blocks, window_blocks,
-               global_blocks, random_blocks, seed, causal):
+               global_blocks, random_blocks, seed, causal, query_blocks=None):
     """Boolean ``(B or 1, nq, nk)``: which key blocks each query block sees
-    (the table of :func:`key_block_table` plus the global rows)."""
+    (the table of :func:`key_block_table` plus the global rows); with
+    ``query_blocks`` (int32 ``(R,)``) the rows of those blocks only."""
     nq, nk = int(num_query_blocks), int(num_key_blocks)
     table, valid = key_block_table(nq, nk, used_blocks, window_blocks,
-                                   global_blocks, random_blocks, seed, causal)
+                                   global_blocks, random_blocks, seed, causal,
+                                   query_blocks=query_blocks)
     k = ops.arange(nk, dtype="int32")
     hit = ops.logical_and(ops.equal(table[..., None], k), valid[..., None])
     mask = ops.any(hit, axis=2)  # (B or 1, nq, nk)
-    is_global_row = ops.convert_to_tensor(np.arange(nq) < int(global_blocks))
+    if query_blocks is None:
+        is_global_row = ops.convert_to_tensor(np.arange(nq) < int(global_blocks))
+    else:
+        is_global_row = ops.cast(query_blocks, "int32") < int(global_blocks)
     return ops.logical_or(mask, is_global_row[None, :, None])
 
 
@@ -285,12 +296,27 @@ class BigBirdPattern(AttentionPattern):
     def allowed(self, q_pos, k_pos):
         b = self.block_size
         nq, nk = -(-self.query_length // b), -(-self.key_length // b)
+        qb, kb = ops.floor_divide(q_pos, b), ops.floor_divide(k_pos, b)
+        if len(q_pos.shape) == 2 and q_pos.shape[1] == 1 and len(k_pos.shape) == 2 and (
+                k_pos.shape[0] == 1) and q_pos.shape[0] is not None:
+            # A column of queries against a row of keys (decoding): only the
+            # rows of their query blocks.
+            rows = ops.clip(qb[:, 0], 0, max(nq - 1, 0))
+            blocks = block_mask(nq, nk, nk, self.window_blocks, self.global_blocks,
+                                self.random_blocks, self.seed, self.causal,
+                                query_blocks=rows)[0]  # (T, nk)
+            inside = ops.logical_and(
+                ops.logical_and(qb >= 0, qb < nq), ops.logical_and(kb >= 0, kb < nk))
+            picked = ops.take(blocks, ops.clip(kb[0], 0, max(nk - 1, 0)), axis=1)  # (T, S)
+            result = ops.logical_and(inside, picked)
+            if self.causal:
+                result = ops.logical_and(result, ops.less_equal(k_pos, q_pos))
+            return result
         # The block mask as a tensor (not through NumPy), so that a compiled
         # function may build it.
         blocks = block_mask(nq, nk, nk, self.window_blocks, self.global_blocks,
                             self.random_blocks, self.seed, self.causal)[0]
         flat = ops.reshape(blocks, (-1,))
-        qb, kb = ops.floor_divide(q_pos, b), ops.floor_divide(k_pos, b)
         inside = ops.logical_and(
             ops.logical_and(qb >= 0, qb < nq), ops.logical_and(kb >= 0, kb < nk))
         index = ops.clip(qb, 0, max(nq - 1, 0)) * nk + ops.clip(kb, 0, max(nk - 1, 0))
