@@ -91,6 +91,10 @@ class BackendOps:
     #: The FlexAttention entry points of the ``"flex"`` paths
     #: (``kernels/torch/flex.py``; None: none).
     flex = None
+    #: Whether the sequence can be split across devices
+    #: (:mod:`keras_longattn.parallel`: ``shard_map`` under a
+    #: ``keras.distribution`` mesh).
+    context_parallel = False
 
     def take_rows(self, x, rows):
         """``x[rows]``: ``x`` 2-D, ``rows`` int ``(N,)``."""

@@ -99,9 +99,7 @@ def context_parallel_distribution():
     """The :class:`keras_longattn.parallel.ContextParallel` distribution in
     scope, or None (no distribution, another kind of distribution, or a
     backend other than JAX)."""
-    import keras
-
-    if keras.backend.backend() != "jax":
+    if not backend_ops().context_parallel:
         return None
     distribution = _distribution_in_scope()
     if distribution is None:
@@ -133,9 +131,7 @@ def context_parallel_refusal(context, multiple=1, self_attention=True):
     differ when ``self_attention``; lengths that are not a multiple of
     ``multiple`` times the devices of the sequence axis.
     """
-    import keras
-
-    if keras.backend.backend() != "jax":
+    if not backend_ops().context_parallel:
         from keras_longattn.parallel.context import context_parallel_refusal as refusal
 
         return refusal()

@@ -163,6 +163,18 @@ def _check_divisible(length, parts, argument, what):
         )
 
 
+def _defaults(query, key, key_mask, scale):
+    """A call's ``scale`` (``1 / sqrt(d)`` when None) and boolean key mask
+    (every key real when None)."""
+    import jax.numpy as jnp
+
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    if key_mask is None:
+        key_mask = jnp.ones(key.shape[:2], bool)
+    return scale, jnp.asarray(key_mask).astype(bool)
+
+
 def zigzag_order(length, num_devices):
     """The load-balanced causal layout of :func:`ring_attention`.
 
@@ -378,12 +390,8 @@ def ring_attention(
                      else "the devices of the sequence axis")
     _check_divisible(S, parts, "key", "2 x the devices of the sequence axis" if zigzag
                      else "the devices of the sequence axis")
-    if scale is None:
-        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scale, key_mask = _defaults(query, key, key_mask, scale)
     dtype = query.dtype
-    if key_mask is None:
-        key_mask = jnp.ones((key.shape[0], S), bool)
-    key_mask = jnp.asarray(key_mask).astype(bool)
     q_pos = np.arange(T, dtype=np.int32)
     k_pos = np.arange(S, dtype=np.int32)
     inverse = None
@@ -501,9 +509,7 @@ def halo_local_attention(
             "than the window extent: the halo would span more than one neighbour. "
             f"Received: look_back={look_back}, look_ahead={look_ahead}"
         )
-    if key_mask is None:
-        key_mask = jnp.ones((key.shape[0], n), bool)
-    key_mask = jnp.asarray(key_mask).astype(bool)
+    key_mask = _defaults(query, key, key_mask, scale)[1]
     def body(q, k, v, km):
         # Only keys, values and their mask travel; the halo's query rows are
         # zeros, computed and dropped (O(w) extra rows per device).
@@ -619,12 +625,8 @@ def halo_longformer_attention(
         raise ValueError(
             f"The global tokens must lie on the first device, which holds {shard} positions. "
             f"Received: global_tokens={g}")
-    if scale is None:
-        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scale, key_mask = _defaults(query, key, key_mask, scale)
     dtype = query.dtype
-    if key_mask is None:
-        key_mask = jnp.ones((key.shape[0], n), bool)
-    key_mask = jnp.asarray(key_mask).astype(bool)
     global_key = key if global_key is None else global_key
     global_value = value if global_value is None else global_value
     if g and global_query is None:
@@ -824,12 +826,8 @@ def halo_strided_attention(
         raise ValueError(
             f"`stride` must be a multiple of the {num} devices of the sequence axis (each "
             f"device takes stride / devices whole columns). Received: stride={l}")
-    if scale is None:
-        scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scale, key_mask = _defaults(query, key, key_mask, scale)
     dtype = query.dtype
-    if key_mask is None:
-        key_mask = jnp.ones((key.shape[0], n), bool)
-    key_mask = jnp.asarray(key_mask).astype(bool)
     heads_a = {"multihead": multihead_split(H), "merged": H, "first": H,
                "second": 0}[combination]
     heads_b = {"multihead": H - heads_a, "merged": H, "first": 0, "second": H}[combination]

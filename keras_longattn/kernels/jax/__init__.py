@@ -8,6 +8,7 @@ from keras_longattn.kernels import BackendOps
 
 class JaxOps(BackendOps):
     name = "jax"
+    context_parallel = True
 
     def block_sparse_refusal(self):
         return None
