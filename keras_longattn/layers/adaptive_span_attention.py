@@ -339,14 +339,14 @@ class AdaptiveSpanAttention(BaseAttention):
             valid = ops.logical_and(valid, km)  # (B or 1, N)
         pattern = la_ops.LocalPattern(look_back, look_ahead)
         q, k, v, visible = band_blocks(query, key, value, valid, pattern, b, before, after)
-        # Distances of every (query, key) pair of the layout: (n, b, C).
-        q_pos = ops.reshape(ops.arange(N, dtype="int32"), (n, b))
-        k_pos = (ops.arange(n, dtype="int32") * b)[:, None] + (
+        # Query i of a block and slot c of its keys are at distance
+        # i - c + before * b in every block: one (H, b, C) mask serves all
+        # blocks (broadcast), rather than one per block.
+        distance = ops.arange(b, dtype="int32")[:, None] - (
             ops.arange(C, dtype="int32") - before * b)[None, :]
-        distance = q_pos[:, :, None] - k_pos[:, None, :]
         if not causal:
             distance = ops.abs(distance)
-        mask = ops.transpose(self.span_mask(distance), (1, 0, 2, 3))[None]  # (1, n, H, b, C)
+        mask = self.span_mask(distance)[None, None]  # (1, 1, H, b, C)
         # (B, n, b, H, d) x (B, n, C, H, d) -> (B, n, H, b, C)
         scores = ops.einsum("bnqhd,bnkhd->bnhqk", q, k)
         probs = ops.cast(self._span_weights(scores, visible[:, :, None], mask), v.dtype)

@@ -41,7 +41,9 @@ files give, ``--write`` rewrites it. Four kinds of region:
 **Sources.** ``NAME`` is ``docs/results/NAME.json``; ``benchmarks`` is
 ``docs/benchmarks/results.json``, ``context_parallel``
 ``docs/parallel/context_parallel.json``, ``decode``
-``docs/benchmarks/decode.json`` (``keras-longattn decode-bench --write``).
+``docs/benchmarks/decode.json`` (``keras-longattn decode-bench --write``),
+``span_cost`` ``docs/benchmarks/adaptive_span.json`` (``python -m
+keras_longattn.benchmarks.span_cost --write``).
 
 **Pages**: ``papers/*.md`` and the guides of :data:`OTHER_PAGES`.
 
@@ -133,11 +135,13 @@ NAMED_SOURCES = {
     "benchmarks": Path("docs") / "benchmarks" / "results.json",
     "context_parallel": Path("docs") / "parallel" / "context_parallel.json",
     "decode": Path("docs") / "benchmarks" / "decode.json",
+    "span_cost": Path("docs") / "benchmarks" / "adaptive_span.json",
 }
 #: The paper pages, relative to the checkout.
 PAGES_GLOB = "papers/*.md"
 #: Other pages with generated regions, relative to the checkout.
-OTHER_PAGES = ("docs/guides/distributed.md", "docs/guides/decoding.md")
+OTHER_PAGES = ("docs/guides/distributed.md", "docs/guides/decoding.md",
+               "docs/guides/adaptive_span_attention.md")
 OPTIONS = ("fmt", "join", "none", "only")
 _FUNCTIONS = {
     "min": min,

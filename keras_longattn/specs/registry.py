@@ -160,7 +160,10 @@ def get_spec(name: str) -> LayerSpec:
 #: vanilla, with tables of the benchmark's length; ``bigbird`` the paper's
 #: blocks of 64 with 3 window, 2 global and 3 random blocks (seed 0);
 #: ``nystrom`` the paper's 64 landmarks; ``lsh`` the Reformer's buckets of
-#: 64 with 4 hashing rounds.
+#: 64 with 4 hashing rounds; ``entmax`` the exact 1.5-entmax of the
+#: paper's fixed-α runs; ``adaptive-span*`` ``max_span`` = ``--window``
+#: with the paper's ramp of 32 and the spans at 0, 1/8 or all of
+#: ``max_span``.
 _BUILTIN = (
     ("full", {"class_name": "FullAttention", "config": {}},
      "keras_longattn FullAttention (exact; the ratio baseline)"),
@@ -212,6 +215,27 @@ _BUILTIN = (
      {"class_name": "PerformerAttention", "config": {"num_features": 256, "seed": 0}},
      "keras_longattn PerformerAttention (FAVOR+), 256 fixed orthogonal random "
      "features (seed 0), causal by chunked prefix sums"),
+    ("entmax", {"class_name": "EntmaxAttention", "config": {"alpha": 1.5}},
+     "keras_longattn EntmaxAttention, exact 1.5-entmax (sort-based) in place of "
+     "softmax over every key"),
+    ("entmax-learned", {"class_name": "EntmaxAttention", "config": {"alpha": "learned"}},
+     "keras_longattn EntmaxAttention, a learned alpha per head (from 1.5), "
+     "bisection"),
+    ("adaptive-span",
+     {"class_name": "AdaptiveSpanAttention", "config": {"max_span": "${window}"}},
+     "keras_longattn AdaptiveSpanAttention, max_span --window, ramp 32, every "
+     "span at its initial 0 (the band is the ramp)"),
+    ("adaptive-span-max",
+     {"class_name": "AdaptiveSpanAttention",
+      "config": {"max_span": "${window}", "span_init": 1.0}},
+     "keras_longattn AdaptiveSpanAttention, max_span --window, ramp 32, every "
+     "span at max_span"),
+    ("adaptive-span-8th",
+     {"class_name": "AdaptiveSpanAttention",
+      "config": {"max_span": "${window}", "span_init": 0.125}},
+     "keras_longattn AdaptiveSpanAttention, max_span --window, ramp 32, every "
+     "span at max_span / 8 (the band follows the spans in eager calls: "
+     "torch)"),
     ("mha", {"class_name": "MultiHeadAttention", "config": {}},
      "keras.layers.MultiHeadAttention (Keras baseline)"),
 )
