@@ -54,6 +54,7 @@ PLANTED_MODULES = (
     "longformer",
     "linformer",
     "adamra",
+    "entmax",
 )
 
 #: Name of the committed results file (``docs/results/<name>.json``).

@@ -33,3 +33,14 @@ def test_planted_variant_is_caught(slug, variant):
 def test_every_reproduction_declares_planted_variants():
     declared = {s.slug for s in pl.planted_sets()}
     assert declared == set(pl.PLANTED_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted({s for s, _ in CASES}))
+def test_every_asserted_claim_is_targeted_by_a_variant(slug):
+    # After the variants above: the real run's arms are cached by then.
+    (planted,) = pl.planted_sets([slug])
+    asserted = {c.name for c in planted.run(None) if c.asserted}
+    targeted = {name for v in planted.variants for name in v.claims}
+    assert asserted <= targeted, (
+        f"{slug}: asserted claims that no planted variant targets: "
+        f"{sorted(asserted - targeted)}")

@@ -17,3 +17,9 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
 def test_planted_variant_is_caught(variant):
     item = pl.check(ROUTING, variant)
     assert item.caught, f"routing_transformer/{variant}: " + "; ".join(item.problems())
+
+
+def test_every_asserted_claim_is_targeted_by_a_variant():
+    asserted = {c.name for c in ROUTING.run(None) if c.asserted}
+    targeted = {name for v in ROUTING.variants for name in v.claims}
+    assert asserted <= targeted, sorted(asserted - targeted)
