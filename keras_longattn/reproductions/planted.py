@@ -55,6 +55,7 @@ PLANTED_MODULES = (
     "linformer",
     "adamra",
     "entmax",
+    "mpnet",
 )
 
 #: Name of the committed results file (``docs/results/<name>.json``).
