@@ -97,6 +97,7 @@ FIGURE_OPTIONS = {
                          "random_blocks": 2, "seed": 0},
     "NystromAttention": {"num_landmarks": 8},
     "LSHAttention": {"bucket_size": 4, "num_hashes": 2, "hash_seed": 0},
+    "AdaptiveSpanAttention": {"max_span": 16, "ramp": 4},
 }
 #: Layers whose figure shows each head's pattern (``layer.head_patterns``),
 #: causal and bidirectional: heads that differ (Longformer's dilations).
@@ -334,8 +335,137 @@ def draw_weights(name: str, weights: dict, path: Path) -> Path:
     return path
 
 
+#: The panels of EntmaxAttention's figure: a title and the fixed ``alpha``.
+ENTMAX_FIGURE_ALPHAS = (("softmax (alpha = 1)", 1.0), ("1.5-entmax (alpha = 1.5)", 1.5),
+                        ("sparsemax (alpha = 2)", 2.0))
+#: The span fractions ``v_h`` (span ``z_h = max_span * v_h``) of the heads of
+#: AdaptiveSpanAttention's figure, one head each.
+SPAN_FIGURE_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
+#: The colour of the entries that are exactly 0 in EntmaxAttention's figure.
+EXACT_ZERO_COLOUR = "#e4572e"
+
+
+def entmax_weights(n: int = PATTERN_LENGTH, seed: int = 0, alphas=ENTMAX_FIGURE_ALPHAS,
+                   causal: bool = False):
+    """``{title: w, ...}``: head 0's ``(n, n)`` weights of
+    ``EntmaxAttention`` at each fixed α of ``alphas`` (its
+    ``return_attention_scores``), every panel with the same projections
+    (Glorot-uniform kernels and zero biases drawn from a NumPy generator of
+    ``seed``, so the figure depends on nothing else), on one seeded random
+    input of unit variance."""
+    import numpy as np
+    from keras import ops
+
+    from keras_longattn.layers import EntmaxAttention
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, n, 8)).astype("float32")
+    weights, projections = {}, None
+    for title, alpha in alphas:
+        layer = EntmaxAttention(num_heads=2, key_dim=4, alpha=alpha)
+        layer(x, x)
+        if projections is None:
+            projections = []
+            for variable, w in zip(layer.weights, layer.get_weights()):
+                if w.ndim == 3:  # kernels: (dim, heads, size); the output's (heads, size, dim)
+                    output = "attention_output" in variable.path
+                    fan_in = w.shape[0] * w.shape[1] if output else w.shape[0]
+                    limit = np.sqrt(6.0 / (fan_in + w.size // fan_in))
+                    w = rng.uniform(-limit, limit, w.shape)
+                else:
+                    w = np.zeros_like(w)
+                projections.append(w.astype("float32"))
+        layer.set_weights(projections)
+        _, scores = layer(x, x, use_causal_mask=causal, return_attention_scores=True)
+        weights[title] = np.asarray(ops.convert_to_numpy(scores))[0, 0]
+    return weights
+
+
+def draw_entmax(name: str, options: dict, path: Path, n: int = PATTERN_LENGTH,
+                seed: int = 0) -> Path:
+    """EntmaxAttention's figure: head 0's bidirectional weights under
+    softmax, 1.5-entmax and sparsemax (:func:`entmax_weights`), one colour
+    scale, exact zeros in a colour of their own; each panel is titled with
+    its share of exact zeros. ``options`` is unused (the panels are
+    :data:`ENTMAX_FIGURE_ALPHAS`); it is the signature of
+    :data:`CUSTOM_FIGURES`."""
+    import numpy as np
+
+    plt = _pyplot()
+    weights = entmax_weights(n, seed)
+    top = max(float(w.max()) for w in weights.values())
+    cmap = plt.get_cmap("viridis").with_extremes(bad=EXACT_ZERO_COLOUR)
+    fig, axes = plt.subplots(1, len(weights), figsize=(4.2 * len(weights), 4.8),
+                             squeeze=False)
+    for i, (ax, (title, w)) in enumerate(zip(axes[0], weights.items())):
+        zeros = w == 0.0
+        image = ax.imshow(np.ma.masked_where(zeros, w), cmap=cmap, vmin=0.0, vmax=top,
+                          interpolation="nearest")
+        ax.set_title(f"{title}\n{100 * zeros.mean():.0f}% exact zeros "
+                     f"({int(zeros.sum())} of {zeros.size})", fontsize=10)
+        ax.set_xlabel("key position j")
+        if i == 0:
+            ax.set_ylabel("query position i")
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="weight (red: exactly 0)")
+    fig.suptitle(f"{name}: head 0's weights on one random input (n = {n}), "
+                 "same projections in every panel", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def span_masks(options: dict, n: int = PATTERN_LENGTH, fractions=SPAN_FIGURE_FRACTIONS):
+    """The causal soft masks of an ``AdaptiveSpanAttention(**options)`` with
+    one head per entry of ``fractions``, its span fractions set to them
+    through the layer's weights: ``(layer, {title: (n, n) mask})`` with the
+    layer's own ``span_mask(i - j)`` on ``j <= i`` and 0 above the
+    diagonal."""
+    import numpy as np
+    from keras import ops
+
+    from keras_longattn.layers import AdaptiveSpanAttention
+
+    heads = len(fractions)
+    layer = AdaptiveSpanAttention(num_heads=heads, key_dim=2, **options)
+    x = np.zeros((1, n, 2 * heads), "float32")
+    layer(x, x, use_causal_mask=True)
+    weights = layer.get_weights()
+    weights[-1] = np.asarray(fractions, "float32")  # the span fractions, last
+    layer.set_weights(weights)
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    masks = np.asarray(ops.convert_to_numpy(layer.span_mask(i - j))) * (j <= i)
+    spans = ops.convert_to_numpy(layer.current_spans())
+    return layer, {f"head {h}: span z = {float(spans[h]):g}": masks[h] for h in range(heads)}
+
+
+def draw_adaptive_span(name: str, options: dict, path: Path, n: int = PATTERN_LENGTH) -> Path:
+    """AdaptiveSpanAttention's figure: each head's causal soft mask
+    ``m_z(i - j)`` (:func:`span_masks`) in greys, white 0 to black 1, each
+    panel titled with its span and the keys it weighs per query."""
+    plt = _pyplot()
+    layer, masks = span_masks(options, n)
+    fig, axes = plt.subplots(1, len(masks), figsize=(3.9 * len(masks), 4.5), squeeze=False)
+    for i, (ax, (title, mask)) in enumerate(zip(axes[0], masks.items())):
+        image = ax.imshow(mask, cmap="Greys", vmin=0.0, vmax=1.0, interpolation="nearest")
+        keys = int((mask[-1] > 0).sum())
+        ax.set_title(f"{title}\nlast query weighs {keys} keys", fontsize=10)
+        ax.set_xlabel("key position j")
+        if i == 0:
+            ax.set_ylabel("query position i")
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="soft mask m_z(i - j)")
+    args = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    fig.suptitle(f"{name}({args}), causal, n = {n}: the soft mask of each head; "
+                 f"band computed: current_reach() = {layer.current_reach()}", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 #: Layers whose figure is drawn by a function of their own.
-CUSTOM_FIGURES = {"NystromAttention": draw_nystrom}
+CUSTOM_FIGURES = {"NystromAttention": draw_nystrom, "EntmaxAttention": draw_entmax,
+                  "AdaptiveSpanAttention": draw_adaptive_span}
 
 
 def draw_pattern(name: str, options: dict, masks: dict, path: Path,

@@ -44,6 +44,59 @@ def test_every_guide_has_a_figure(gen, tmp_path):
         assert f"../assets/patterns/{guide.stem}.png" in guide.read_text(encoding="utf-8")
 
 
+def test_entmax_figure_weights_are_softmax_entmax_and_sparsemax(gen, tmp_path):
+    """Same projections in every panel: each row sums to 1, softmax has no
+    exact zero, sparsemax has more than 1.5-entmax, which has some; the
+    sparsemax panel is the sparsemax of the softmax panel's scores."""
+    weights = gen.entmax_weights(n=12)
+    soft, e15, sparse = (weights[title] for title, _ in gen.ENTMAX_FIGURE_ALPHAS)
+    for w in (soft, e15, sparse):
+        assert w.shape == (12, 12)
+        np.testing.assert_allclose(w.sum(axis=-1), 1.0, atol=1e-5)
+    assert not np.any(soft == 0)
+    assert 0 < np.sum(e15 == 0) < np.sum(sparse == 0)
+    # Softmax weights are exp(s) / sum: log w recovers the scores up to a
+    # per-row constant, and sparsemax of the scores is [s - tau]_+.
+    from keras_longattn.ops.entmax import sparsemax
+
+    scores = np.log(soft.astype("float64")).astype("float32")
+    np.testing.assert_allclose(np.asarray(sparsemax(scores)), sparse, atol=1e-5)
+    path = gen.draw_entmax("EntmaxAttention", {}, tmp_path / "entmax_attention.png", n=12)
+    assert path.stat().st_size > 1000
+
+
+def test_adaptive_span_figure_draws_each_heads_soft_mask(gen, tmp_path):
+    """The masks are the paper's clamp((R + z - x) / R, 0, 1) on x = i - j
+    >= 0, for the spans max_span * v set through the layer's weights."""
+    options = {"max_span": 8, "ramp": 3}
+    layer, masks = gen.span_masks(options, n=16, fractions=(0.0, 0.5, 1.0))
+    assert list(masks) == ["head 0: span z = 0", "head 1: span z = 4",
+                           "head 2: span z = 8"]
+    i, j = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    for z, mask in zip((0.0, 4.0, 8.0), masks.values()):
+        expected = np.clip((3 + z - (i - j)) / 3, 0, 1) * (j <= i)
+        np.testing.assert_allclose(mask, expected, atol=1e-6)
+    assert layer.current_reach() == 8 + 3 - 1
+    path = gen.draw_adaptive_span("AdaptiveSpanAttention", options,
+                                  tmp_path / "adaptive_span_attention.png", n=16)
+    assert path.stat().st_size > 1000
+
+
+def test_new_layers_figures_are_generated(gen, tmp_path, monkeypatch):
+    """generate_patterns writes EntmaxAttention's and AdaptiveSpanAttention's
+    figures through CUSTOM_FIGURES (AdaptiveSpanAttention has no default
+    max_span: its options come from FIGURE_OPTIONS); the other layers are
+    left out to keep the test short (test_every_guide_has_a_figure draws
+    them all)."""
+    layers = gen.attention_layers()
+    monkeypatch.setattr(gen, "attention_layers", lambda: {
+        name: layers[name] for name in ("AdaptiveSpanAttention", "EntmaxAttention")})
+    written = {p.name: p for p in gen.generate_patterns(out_dir=tmp_path, n=16)}
+    assert set(written) == {"entmax_attention.png", "adaptive_span_attention.png"}
+    for name in ("entmax_attention.png", "adaptive_span_attention.png"):
+        assert name in written and written[name].stat().st_size > 1000
+
+
 def test_benchmark_page_without_results_says_so(gen):
     page = gen.benchmark_page(None, None, None)
     assert "No benchmark results are available" in page
