@@ -56,6 +56,7 @@ PLANTED_MODULES = (
     "adamra",
     "entmax",
     "mpnet",
+    "sandwich_transformer",
 )
 
 #: Name of the committed results file (``docs/results/<name>.json``).
