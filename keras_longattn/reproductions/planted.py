@@ -57,6 +57,7 @@ PLANTED_MODULES = (
     "entmax",
     "mpnet",
     "sandwich_transformer",
+    "adaptive_span",
 )
 
 #: Name of the committed results file (``docs/results/<name>.json``).
