@@ -117,7 +117,7 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   lane1_args=("$@")
   lane2_split=()
   if [ $# -eq 0 ]; then
-    for path in ${LANE2_TESTS-tests/layers/test_properties.py tests/kernels/test_pallas_tpu.py tests/test_device_check.py tests/notebooks/test_planted_real_routing.py tests/layers/test_adaptive_span_attention.py}; do
+    for path in ${LANE2_TESTS-tests/layers/test_properties.py tests/kernels/test_pallas_tpu.py tests/test_device_check.py tests/notebooks/test_planted_real_routing.py tests/layers/test_adaptive_span_attention.py tests/hub/test_longify.py}; do
       [ -e "$path" ] || continue
       lane1_args+=("--ignore=$path")
       lane2_split+=("$path")
