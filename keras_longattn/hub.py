@@ -381,30 +381,18 @@ def _gated_decoder_call(
     return x
 
 
-@keras.saving.register_keras_serializable(package="keras_longattn")
-class LongLlamaTransformerDecoder(_AttentionSpecMixin, LlamaTransformerDecoder):
-    """keras-hub's ``LlamaTransformerDecoder`` whose grouped-query attention
-    is one of our layers: ``num_query_heads`` heads of
-    ``hidden_dim // num_query_heads``, ``num_key_value_heads`` key/value
-    heads, no biases, rotary positions of ``rope_max_wavelength``
-    (``rotary_max_wavelength``). Causal; padding goes to the layer as
-    ``value_mask``; decodes through the layer's cache. ``dropout`` drops
-    attention weights in our layer where keras-hub's ``LlamaAttention``
-    drops its attention output (the same at inference).
-
-    Args:
-        intermediate_dim: the gated feed-forward network's hidden size.
-        num_query_heads: the number of query heads.
-        num_key_value_heads: the number of key/value heads.
-        attention: the attention layer's config (see :func:`attention_spec`).
-        **kwargs: the other arguments of keras-hub's
-            ``LlamaTransformerDecoder``.
-    """
+class _GatedDecoderMixin(_AttentionSpecMixin):
+    """The build and call shared by the Llama and Mistral blocks: our layer
+    with the block's query and key/value heads, no biases and its rotary
+    wavelength, in place of keras-hub's attention."""
 
     def __init__(self, intermediate_dim, num_query_heads, num_key_value_heads, attention,
                  **kwargs):
         super().__init__(intermediate_dim, num_query_heads, num_key_value_heads, **kwargs)
         self._set_attention(attention)
+
+    def _head_size(self, hidden_dim):
+        return hidden_dim // self.num_query_heads
 
     def build(self, decoder_sequence_shape):
         super().build(decoder_sequence_shape)
@@ -414,7 +402,7 @@ class LongLlamaTransformerDecoder(_AttentionSpecMixin, LlamaTransformerDecoder):
             name="self_attention",
             dtype=self.dtype_policy,
             num_heads=self.num_query_heads,
-            key_dim=hidden_dim // self.num_query_heads,
+            key_dim=self._head_size(hidden_dim),
             num_key_value_heads=self.num_key_value_heads,
             use_bias=False,
             rotary_max_wavelength=self.rope_max_wavelength,
@@ -436,6 +424,27 @@ class LongLlamaTransformerDecoder(_AttentionSpecMixin, LlamaTransformerDecoder):
         return _gated_decoder_call(
             self, decoder_sequence, decoder_padding_mask, decoder_attention_mask,
             self_attention_cache, self_attention_cache_update_index, training)
+
+
+@keras.saving.register_keras_serializable(package="keras_longattn")
+class LongLlamaTransformerDecoder(_GatedDecoderMixin, LlamaTransformerDecoder):
+    """keras-hub's ``LlamaTransformerDecoder`` whose grouped-query attention
+    is one of our layers: ``num_query_heads`` heads of
+    ``hidden_dim // num_query_heads``, ``num_key_value_heads`` key/value
+    heads, no biases, rotary positions of ``rope_max_wavelength``
+    (``rotary_max_wavelength``). Causal; padding goes to the layer as
+    ``value_mask``; decodes through the layer's cache. ``dropout`` drops
+    attention weights in our layer where keras-hub's ``LlamaAttention``
+    drops its attention output (the same at inference).
+
+    Args:
+        intermediate_dim: the gated feed-forward network's hidden size.
+        num_query_heads: the number of query heads.
+        num_key_value_heads: the number of key/value heads.
+        attention: the attention layer's config (see :func:`attention_spec`).
+        **kwargs: the other arguments of keras-hub's
+            ``LlamaTransformerDecoder``.
+    """
 
     def get_config(self):
         # keras-hub 0.32's LlamaTransformerDecoder.get_config reads an
@@ -462,7 +471,7 @@ class LongLlamaTransformerDecoder(_AttentionSpecMixin, LlamaTransformerDecoder):
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
-class LongMistralTransformerDecoder(_AttentionSpecMixin, MistralTransformerDecoder):
+class LongMistralTransformerDecoder(_GatedDecoderMixin, MistralTransformerDecoder):
     """keras-hub's ``MistralTransformerDecoder`` whose attention is one of
     our layers: ``num_query_heads`` heads of ``head_dim`` (default
     ``hidden_dim // num_query_heads``), ``num_key_value_heads`` key/value
@@ -481,41 +490,8 @@ class LongMistralTransformerDecoder(_AttentionSpecMixin, MistralTransformerDecod
             ``MistralTransformerDecoder``.
     """
 
-    def __init__(self, intermediate_dim, num_query_heads, num_key_value_heads, attention,
-                 **kwargs):
-        super().__init__(intermediate_dim, num_query_heads, num_key_value_heads, **kwargs)
-        self._set_attention(attention)
-
-    def build(self, decoder_sequence_shape):
-        super().build(decoder_sequence_shape)
-        hidden_dim = decoder_sequence_shape[-1]
-        layer = _make_attention(
-            self.attention,
-            name="self_attention",
-            dtype=self.dtype_policy,
-            num_heads=self.num_query_heads,
-            key_dim=self.head_dim or hidden_dim // self.num_query_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            use_bias=False,
-            rotary_max_wavelength=self.rope_max_wavelength,
-            dropout=self.dropout,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-        )
-        layer.build(decoder_sequence_shape, decoder_sequence_shape)
-        _replace_attention(self, layer)
-
-    def call(
-        self,
-        decoder_sequence,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        training=None,
-    ):
-        return _gated_decoder_call(
-            self, decoder_sequence, decoder_padding_mask, decoder_attention_mask,
-            self_attention_cache, self_attention_cache_update_index, training)
+    def _head_size(self, hidden_dim):
+        return self.head_dim or hidden_dim // self.num_query_heads
 
     def get_config(self):
         config = super().get_config()
