@@ -215,6 +215,11 @@ class _AttentionSpecMixin:
         """The attention config ``{"class_name": ..., "config": {...}}``."""
         return json.loads(self._attention_json)
 
+    def get_config(self):
+        config = super().get_config()
+        config["attention"] = self.attention
+        return config
+
 
 def _padding(mask):
     return None if mask is None else ops.cast(mask, "bool")
@@ -493,11 +498,6 @@ class LongMistralTransformerDecoder(_GatedDecoderMixin, MistralTransformerDecode
     def _head_size(self, hidden_dim):
         return self.head_dim or hidden_dim // self.num_query_heads
 
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
 class LongTransformerEncoder(_AttentionSpecMixin, TransformerEncoder):
@@ -569,11 +569,6 @@ class LongTransformerEncoder(_AttentionSpecMixin, TransformerEncoder):
             return x, scores
         return x
 
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
-
 
 # ---------------------------------------------------------------- backbones
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -644,11 +639,6 @@ class LongGPT2Backbone(_AttentionSpecMixin, GPT2Backbone):
         self.dropout = dropout
         self.max_sequence_length = max_sequence_length
         self._set_attention(attention)
-
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -814,11 +804,6 @@ class LongMistralBackbone(_AttentionSpecMixin, MistralBackbone):
         self.dropout = dropout
         self._set_attention(attention)
 
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
 class LongBertBackbone(_AttentionSpecMixin, BertBackbone):
@@ -904,11 +889,6 @@ class LongBertBackbone(_AttentionSpecMixin, BertBackbone):
         self.cls_token_index = cls_token_index
         self._set_attention(attention)
 
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
 class LongRobertaBackbone(_AttentionSpecMixin, RobertaBackbone):
@@ -972,11 +952,6 @@ class LongRobertaBackbone(_AttentionSpecMixin, RobertaBackbone):
         self.max_sequence_length = max_sequence_length
         self.start_token_index = 0
         self._set_attention(attention)
-
-    def get_config(self):
-        config = super().get_config()
-        config["attention"] = self.attention
-        return config
 
 
 #: keras-hub class -> its long class (a long backbone converts again).
