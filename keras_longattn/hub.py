@@ -577,9 +577,10 @@ class LongGPT2Backbone(_AttentionSpecMixin, GPT2Backbone):
     (:class:`LongTransformerDecoder`); :func:`longify` makes one from a
     trained ``GPT2Backbone``.
 
+    The arguments are those of keras-hub's ``GPT2Backbone``, plus one.
+
     Args:
         attention: the attention layer's config (see :func:`attention_spec`).
-        The other arguments are ``GPT2Backbone``'s.
     """
 
     def __init__(
@@ -648,9 +649,10 @@ class LongLlamaBackbone(_AttentionSpecMixin, LlamaBackbone):
     positions of ``rope_max_wavelength``); :func:`longify` makes one from a
     trained ``LlamaBackbone``.
 
+    The arguments are those of keras-hub's ``LlamaBackbone``, plus one.
+
     Args:
         attention: the attention layer's config (see :func:`attention_spec`).
-        The other arguments are ``LlamaBackbone``'s.
     """
 
     def __init__(
@@ -738,9 +740,10 @@ class LongMistralBackbone(_AttentionSpecMixin, MistralBackbone):
     a trained ``MistralBackbone``. ``LocalAttention`` with
     ``window=sliding_window`` is Mistral's own pattern.
 
+    The arguments are those of keras-hub's ``MistralBackbone``, plus one.
+
     Args:
         attention: the attention layer's config (see :func:`attention_spec`).
-        The other arguments are ``MistralBackbone``'s.
     """
 
     def __init__(
@@ -811,9 +814,10 @@ class LongBertBackbone(_AttentionSpecMixin, BertBackbone):
     (:class:`LongTransformerEncoder`); :func:`longify` makes one from a
     trained ``BertBackbone``.
 
+    The arguments are those of keras-hub's ``BertBackbone``, plus one.
+
     Args:
         attention: the attention layer's config (see :func:`attention_spec`).
-        The other arguments are ``BertBackbone``'s.
     """
 
     def __init__(
@@ -896,9 +900,10 @@ class LongRobertaBackbone(_AttentionSpecMixin, RobertaBackbone):
     (:class:`LongTransformerEncoder`); :func:`longify` makes one from a
     trained ``RobertaBackbone`` (the Longformer paper's starting point).
 
+    The arguments are those of keras-hub's ``RobertaBackbone``, plus one.
+
     Args:
         attention: the attention layer's config (see :func:`attention_spec`).
-        The other arguments are ``RobertaBackbone``'s.
     """
 
     def __init__(
