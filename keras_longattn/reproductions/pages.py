@@ -141,7 +141,7 @@ NAMED_SOURCES = {
 PAGES_GLOB = "papers/*.md"
 #: Other pages with generated regions, relative to the checkout.
 OTHER_PAGES = ("docs/guides/distributed.md", "docs/guides/decoding.md",
-               "docs/guides/adaptive_span_attention.md")
+               "docs/guides/adaptive_span_attention.md", "docs/guides/longify.md")
 OPTIONS = ("fmt", "join", "none", "only")
 _FUNCTIONS = {
     "min": min,

@@ -1,0 +1,31 @@
+"""The planted variants of the longify guide notebook (see
+test_planted_real.py, which runs those of the paper reproductions): each
+real broken conversion, trained and measured through the notebook's own
+functions at a small size, fails the claims it targets, and the real
+conversion passes them."""
+
+import pytest
+
+import keras
+
+pytest.importorskip("keras_hub")
+
+from keras_longattn.reproductions import planted as pl  # noqa: E402
+from keras_longattn.reproductions import longify  # noqa: E402
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                reason="the planted variants train on JAX only")
+
+LONGIFY = longify.PLANTED
+
+
+@pytest.mark.parametrize("variant", [v.name for v in LONGIFY.variants])
+def test_planted_variant_is_caught(variant):
+    item = pl.check(LONGIFY, variant)
+    assert item.caught, f"longify/{variant}: " + "; ".join(item.problems())
+
+
+def test_every_asserted_claim_is_targeted_by_a_variant():
+    asserted = {c.name for c in LONGIFY.run(None) if c.asserted}
+    targeted = {name for v in LONGIFY.variants for name in v.claims}
+    assert asserted <= targeted, sorted(asserted - targeted)
