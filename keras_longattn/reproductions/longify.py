@@ -281,9 +281,13 @@ def _compile(model, learning_rate):
 
 
 def _reset_optimizer(model):
-    """Sets every optimizer variable (moments, iteration count) back to zero:
-    the next fit starts like a fresh optimizer, with the compiled step kept."""
+    """Sets the optimizer's state (moments, iteration count) back to zero:
+    the next fit starts like a fresh optimizer, with the compiled step kept.
+    The learning rate, also one of ``optimizer.variables``, is kept."""
+    learning_rate = model.optimizer.learning_rate
     for variable in model.optimizer.variables:
+        if variable is learning_rate or variable.path.endswith("/learning_rate"):
+            continue
         variable.assign(np.zeros(variable.shape, variable.dtype))
 
 

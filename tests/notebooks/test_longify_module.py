@@ -147,3 +147,22 @@ def test_training_path_end_to_end():
     generation = lg.run_generation(lm, TINY, 4, 16)
     assert generation["converted"].shape == (16,) and generation["original"].shape == (8,)
     assert generation["equal"] and isinstance(generation["text"], str)
+
+
+def test_a_reused_model_trains_again_from_the_fresh_conversion():
+    # The seeds after the first reuse the compiled model: its weights go
+    # back to the fresh conversion, its optimizer state to zero, and its
+    # learning rate must survive the reset, or the later seeds never train.
+    short = lg.train_short_model(TINY)
+    test_set = lg.long_test_set(TINY)
+    _, _, model = lg.finetune_arm(short, "local", 0, test_set)
+    _, _, again = lg.finetune_arm(short, "local", 1, test_set, reuse=model)
+    assert again is model
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(
+        TINY.learning_rate)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == TINY.finetune_steps
+    fresh = lg._classifier(
+        lg.convert(short.backbone, lg.long_attention("local", TINY.window), TINY.long_length),
+        lg._dense_copy(short.head, TINY.hidden_dim))
+    moved = [not np.allclose(a, b) for a, b in zip(model.get_weights(), fresh.get_weights())]
+    assert sum(moved) > len(moved) // 2
