@@ -107,8 +107,9 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   # the other backends, then the quickstart notebook. The paper notebooks,
   # whose claims include same-run speed ratios, run afterwards, without the
   # unit tests: in two processes at once (a notebook's ratios are between
-  # layers of its own run, which share the machine alike; the two slowest
-  # notebooks first, in different shares: about 5.5 min each at CI size),
+  # layers of its own run, which share the machine alike; NBVAL_ORDER deals
+  # the notebooks alternately to two shares of about equal time, the two
+  # slowest first: about 2 and 1.5 min at CI size),
   # then the docs.
   # The first backend's unit tests take longest (JAX compiles): with no
   # pytest arguments, the files of LANE2_TESTS run for it in lane 2, after
@@ -150,7 +151,7 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   lane2=$!
   wait $lane1 $lane2
   if [ $with_extra -eq 1 ]; then
-    export NBVAL_ORDER="${NBVAL_ORDER:-sparse_transformer routing_transformer linformer adamra synthesizer longformer}"
+    export NBVAL_ORDER="${NBVAL_ORDER:-sparse_transformer routing_transformer adamra linformer longify longformer synthesizer sandwich_transformer entmax mpnet adaptive_span}"
     NBVAL_SHARD=1/2 extra nbval-1 nbval &
     shard1=$!
     NBVAL_SHARD=2/2 extra nbval-2 nbval &
