@@ -14,7 +14,13 @@ warns once) until the check is run again.
 
 ``KERAS_LONGATTN_TRUSTED_PATHS`` (a comma-separated list of kinds, e.g.
 ``pallas,flex``) lets ``"auto"`` try those kinds on any accelerator, for
-devices nobody has checked yet or proofs gone stale.
+devices nobody has checked yet or proofs gone stale. The kinds are matched
+case-insensitively, with surrounding whitespace stripped (``" Pallas ,FLEX"``
+names both); a value that names no kind (:data:`KNOWN_KINDS`, e.g. a
+misspelt ``palas``) trusts nothing and warns once (a ``UserWarning`` naming
+the variable, the value and the kinds accepted), as a stale proof does: the
+variable only widens what ``"auto"`` may try, so a bad value is reported,
+not raised, and the portable paths keep running.
 """
 
 import functools
@@ -25,6 +31,9 @@ from pathlib import Path
 
 #: Environment variable listing kinds ``"auto"`` may try on any accelerator.
 TRUST_VARIABLE = "KERAS_LONGATTN_TRUSTED_PATHS"
+#: The path kinds the trust variable may name: JAX's Pallas kernels and
+#: torch's FlexAttention.
+KNOWN_KINDS = ("pallas", "flex")
 #: The entries, one per (backend, device kind, path kind).
 SOURCE = Path(__file__).with_name("proven.json")
 #: The folder holding the package (source paths are relative to it).
@@ -111,8 +120,32 @@ def trusted_kinds(backend, device_kind):
                 f"{TRUST_VARIABLE}={kind}, to use it meanwhile.",
                 stacklevel=2,
             )
-    extra = os.environ.get(TRUST_VARIABLE, "")
-    kinds.update(k.strip() for k in extra.split(",") if k.strip())
+    kinds.update(trusted_by_variable())
+    return frozenset(kinds)
+
+
+def trusted_by_variable():
+    """The path kinds :data:`TRUST_VARIABLE` names (a frozenset, lower
+    case): its comma-separated values, matched case-insensitively with
+    surrounding whitespace stripped (empty values are skipped). A value
+    naming no kind of :data:`KNOWN_KINDS` is left out and warned about,
+    once per value."""
+    kinds = set()
+    for item in os.environ.get(TRUST_VARIABLE, "").split(","):
+        kind = item.strip().lower()
+        if not kind:
+            continue
+        if kind in KNOWN_KINDS:
+            kinds.add(kind)
+        elif (TRUST_VARIABLE, kind) not in _WARNED:
+            _WARNED.add((TRUST_VARIABLE, kind))
+            warnings.warn(
+                f"{TRUST_VARIABLE} names an unknown path kind, ignored: "
+                f"{item.strip()!r}. Accepted values (comma-separated, any case): "
+                f"{', '.join(repr(k) for k in KNOWN_KINDS)}. "
+                f"Received: {TRUST_VARIABLE}={os.environ.get(TRUST_VARIABLE)!r}",
+                stacklevel=3,
+            )
     return frozenset(kinds)
 
 

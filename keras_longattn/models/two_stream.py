@@ -33,6 +33,7 @@ tokens.
 import keras
 import numpy as np
 
+from keras_longattn.layers.base_attention import _check_mask
 from keras_longattn.models import _attention_config
 from keras_longattn.models._validation import check_int
 
@@ -111,8 +112,10 @@ class TwoStreamAttention(keras.layers.Layer):
         content: ``(B, L, dim)``.
         query: ``(B, b, dim)``.
         content_mask: boolean ``(L, L)`` or ``(B, L, L)``
-            (:func:`two_stream_masks`).
-        query_mask: boolean ``(b, L)`` or ``(B, b, L)``.
+            (:func:`two_stream_masks`), True = may attend; integer 0/1
+            is accepted, a float dtype refused (ValueError), as the
+            layers' ``attention_mask``.
+        query_mask: boolean ``(b, L)`` or ``(B, b, L)``, likewise.
         training: dropout.
 
     Returns:
@@ -147,6 +150,9 @@ class TwoStreamAttention(keras.layers.Layer):
             raise ValueError(
                 f"`{name}` must have shape ({rows}, {length}) or (batch, {rows}, {length}). "
                 f"Received: {name}.shape={shape}")
+        # The layers' own check of a mask's dtype: boolean or integer 0/1,
+        # never a float cast to bool (where 0.5 would attend).
+        _check_mask(name, mask, shape[:-2] + (rows, length), "BTS"[-len(shape):])
         mask = keras.ops.cast(mask, "bool")
         if len(shape) == 2:
             mask = keras.ops.broadcast_to(mask[None], (batch, rows, length))

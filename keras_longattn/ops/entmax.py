@@ -17,6 +17,12 @@ exactly 0.
 * :func:`entmax`: dispatches on α (1 → the masked softmax, 1.5 →
   :func:`entmax15`, 2 → :func:`sparsemax`, otherwise bisection).
 
+α is a Python number (checked against its interval) or a floating-point
+tensor; a boolean (``True`` is not α = 1), a string, None or a tensor of a
+non-float dtype is refused with a ValueError naming ``alpha``. The scores
+and masks may be any tensor-like, TensorFlow variables included (read into
+a tensor at the entry).
+
 Masking follows :func:`keras_longattn.ops.masked_softmax`: masked entries get
 exactly 0 (whatever their score, NaN and infinities included), a row with no
 visible entry gets all zeros, values and gradients stay finite.
@@ -98,14 +104,64 @@ def _check_fixed_alpha(alpha, low_inclusive=False):
         value = float("nan")
     low_ok = value >= 1.0 if low_inclusive else value > 1.0
     if not (low_ok and value <= 2.0):  # NaN fails both
-        interval = "[1, 2]" if low_inclusive else "(1, 2]"
         raise ValueError(
-            f"`alpha` must be in {interval}. Received: alpha={alpha!r}"
+            f"`alpha` must be in {_interval(low_inclusive)}. "
+            f"Received: alpha={alpha!r}"
         )
     return value
 
 
+def _interval(low_inclusive):
+    return "[1, 2]" if low_inclusive else "(1, 2]"
+
+
+def _check_alpha(alpha, low_inclusive=False):
+    """``alpha`` checked: a Python number as a float in (1, 2] (or [1, 2]
+    when ``low_inclusive``), anything else as a floating-point tensor (a
+    tensor cannot be range-checked while tracing: it is clipped later).
+
+    Booleans (Python or NumPy: ``True`` is not α = 1), strings, None and
+    tensors of a non-float dtype are refused with a ValueError naming
+    ``alpha`` and what was received.
+    """
+    if _is_number(alpha):
+        return _check_fixed_alpha(alpha, low_inclusive)
+    expected = (
+        f"`alpha` must be a number in {_interval(low_inclusive)} or a "
+        "floating-point tensor (e.g. one α per head)."
+    )
+    if alpha is None or isinstance(alpha, (bool, str, bytes)):
+        raise ValueError(f"{expected} Received: alpha={alpha!r}")
+    try:
+        tensor = _as_tensor(alpha)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        raise ValueError(f"{expected} Received: alpha={alpha!r}") from error
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    if "float" not in dtype:
+        received = (
+            f"alpha.dtype={dtype}" if hasattr(alpha, "dtype")
+            else f"alpha={alpha!r} (dtype {dtype})"
+        )
+        raise ValueError(f"{expected} Received: {received}")
+    return tensor
+
+
 # ------------------------------------------------------------- plumbing
+def _as_tensor(x):
+    """``x`` as a tensor of the backend. ``keras.ops.convert_to_tensor``
+    returns a TensorFlow variable (``tf.Variable``, ``keras.Variable``) as
+    it is, and such a variable lacks parts of the tensor API that
+    ``keras.ops`` relies on (``ndim`` in ``moveaxis``): it is read into a
+    tensor here, once, at the entry of every function of this module."""
+    x = ops.convert_to_tensor(x)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(x, (tf.Variable, keras.Variable)):
+            x = tf.convert_to_tensor(x)
+    return x
+
+
 def _float_dtype(scores):
     dtype = keras.backend.standardize_dtype(scores.dtype)
     return dtype if "float" in dtype else "float32"
@@ -114,7 +170,7 @@ def _float_dtype(scores):
 def _prepare(scores, mask, axis):
     """The scores in float32 with ``axis`` moved last, the visibility mask
     (bool, same shape), the result dtype and ``axis`` normalised."""
-    scores = ops.convert_to_tensor(scores)
+    scores = _as_tensor(scores)
     axis = _check_axis(axis, len(scores.shape))
     dtype = _float_dtype(scores)
     z = ops.cast(scores, "float32")
@@ -123,7 +179,7 @@ def _prepare(scores, mask, axis):
     else:
         # Broadcast the mask to the scores' shape.
         visible = ops.logical_and(
-            ops.cast(mask, "bool"), ops.ones_like(z, dtype="bool")
+            ops.cast(_as_tensor(mask), "bool"), ops.ones_like(z, dtype="bool")
         )
     z = ops.moveaxis(z, axis, -1)
     visible = ops.moveaxis(visible, axis, -1)
@@ -258,11 +314,11 @@ def _finish(out, axis, dtype):
 
 
 def _align_alpha(alpha, z, axis):
-    """A tensor α as float32 with a trailing axis of size 1, aligned with
-    the scores ``z`` (whose ``axis`` has been moved last). α must broadcast
-    to the scores without ``axis``; dimensions unknown while tracing are not
-    checked."""
-    alpha = ops.cast(ops.convert_to_tensor(alpha), "float32")
+    """A floating-point tensor α (from :func:`_check_alpha`) as float32
+    with a trailing axis of size 1, aligned with the scores ``z`` (whose
+    ``axis`` has been moved last). α must broadcast to the scores without
+    ``axis``; dimensions unknown while tracing are not checked."""
+    alpha = ops.cast(alpha, "float32")
     reduced = tuple(z.shape[:-1])
     shape = tuple(alpha.shape)
     fits = len(shape) <= len(reduced) and all(
@@ -328,10 +384,12 @@ def entmax_bisect(scores, alpha, mask=None, axis=-1, n_iter=DEFAULT_N_ITER):
 
     Args:
         scores: scores of any float dtype.
-        alpha: a Python number in (1, 2], or a tensor broadcastable to the
-            scores without ``axis`` (e.g. shape ``(H, 1, 1)`` for one α per
-            head of ``(B, H, T, S)`` scores). A tensor is clipped to
-            ``[TENSOR_ALPHA_MIN, 2]`` and receives the exact gradient.
+        alpha: a Python number in (1, 2], or a floating-point tensor
+            broadcastable to the scores without ``axis`` (e.g. shape
+            ``(H, 1, 1)`` for one α per head of ``(B, H, T, S)`` scores).
+            A tensor is clipped to ``[TENSOR_ALPHA_MIN, 2]`` and receives
+            the exact gradient. Booleans, strings, None and tensors of a
+            non-float dtype are refused (ValueError).
         mask: optional boolean tensor broadcastable to ``scores``, True where
             an entry is visible. Masked entries get exactly 0, rows with no
             visible entry all zeros.
@@ -342,8 +400,8 @@ def entmax_bisect(scores, alpha, mask=None, axis=-1, n_iter=DEFAULT_N_ITER):
         The weights, shaped and typed like ``scores``, rescaled to sum to 1.
     """
     n_iter = positive_int("n_iter", n_iter)
-    if _is_number(alpha):
-        alpha = _check_fixed_alpha(alpha)
+    alpha = _check_alpha(alpha)
+    if isinstance(alpha, float):
         alpha_var = None
         z, visible, dtype, axis = _prepare(scores, mask, axis)
         alpha_value = alpha
@@ -371,8 +429,9 @@ def entmax(scores, alpha, mask=None, axis=-1, n_iter=DEFAULT_N_ITER):
 
     Args:
         scores: scores of any float dtype.
-        alpha: a Python number in [1, 2] or a tensor (see
-            :func:`entmax_bisect`).
+        alpha: a Python number in [1, 2] or a floating-point tensor (see
+            :func:`entmax_bisect`). Booleans, strings, None and tensors of
+            a non-float dtype are refused (ValueError).
         mask: optional boolean tensor broadcastable to ``scores``, True where
             an entry is visible.
         axis: the axis to normalise.
@@ -381,13 +440,15 @@ def entmax(scores, alpha, mask=None, axis=-1, n_iter=DEFAULT_N_ITER):
     Returns:
         The weights, shaped and typed like ``scores``.
     """
-    if not _is_number(alpha):
-        return entmax_bisect(scores, alpha, mask=mask, axis=axis, n_iter=n_iter)
-    value = _check_fixed_alpha(alpha, low_inclusive=True)
+    value = _check_alpha(alpha, low_inclusive=True)
+    if not isinstance(value, float):
+        return entmax_bisect(scores, value, mask=mask, axis=axis, n_iter=n_iter)
     positive_int("n_iter", n_iter)
     if value == 1.0:
-        scores = ops.convert_to_tensor(scores)
+        scores = _as_tensor(scores)
         _check_axis(axis, len(scores.shape))
+        if mask is not None:
+            mask = _as_tensor(mask)
         return masked_softmax(scores, mask, axis=axis)
     if value == 1.5:
         return entmax15(scores, mask=mask, axis=axis)
