@@ -40,6 +40,12 @@ backend without its own entry gets):
   ``kernels/jax/pallas_attention.py`` on JAX), where
   ``block_sparse_refusal()`` is None (the portable table refuses); the
   layers reach it through :mod:`keras_longattn.ops.block_sparse`;
+* ``refuse_at_run_time(bad, value, message)``: raise ``message`` (with
+  ``{value}`` filled in) when the traced boolean scalar ``bad`` turns out
+  True while a compiled function runs; returns ``(value, refused)``: the
+  value to compute with (ordered after the check) and whether the backend
+  can refuse (JAX: a host callback, taken only on the bad branch;
+  TensorFlow graphs: an assert, which XLA drops; portable: never);
 * ``kernelized``: a module of kernelized attention with hand-written
   gradients (``associative_attention`` and ``softmax_kernel_features``, the
   arguments and results of :mod:`keras_longattn.ops.kernelized` and
@@ -146,6 +152,13 @@ class BackendOps:
         return ops.dot_product_attention(
             q, k, v, mask=mask, is_causal=is_causal, scale=scale
         )
+
+    def refuse_at_run_time(self, bad, value, message):
+        """Raises ``message.format(value=...)`` when the traced boolean
+        scalar ``bad`` is True at run time, where the backend can; returns
+        ``(value, refused)``: ``value`` to compute with (ordered after the
+        check) and whether the backend can (here: never)."""
+        return value, False
 
     def kept_items(self, flags):
         """Indices of the True entries of boolean ``flags`` ``(N,)``, or None

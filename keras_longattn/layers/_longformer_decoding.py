@@ -8,6 +8,7 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import known_index
+from keras_longattn.layers.base_attention import only_written
 from keras_longattn.ops import longformer as la_longformer
 
 
@@ -145,14 +146,18 @@ class LongformerDecoding:
                 kept, ops.logical_and(ops.equal(ops.mod(distance, r), 0),
                                       distance <= r * look_back)))
         mask = ops.stack(head_masks)[None, :, None, :]  # (1, H, 1, L)
-        keys, values = cache_k[:, :L], cache_v[:, :L]
+        # Slots not written yet are selected as zeros (never reach an output).
+        keys = only_written(cache_k[:, :L], position >= 0, query.dtype)
+        values = only_written(cache_v[:, :L], position >= 0, query.dtype)
         if g:
             seen = ops.arange(g, dtype="int32") <= index
             mask = ops.concatenate(
                 [mask, ops.broadcast_to(seen[None, None, None, :], (1, self.num_heads, 1, g))],
                 axis=-1)
-            keys = ops.concatenate([keys, cache_k[:, L:L + g]], axis=1)
-            values = ops.concatenate([values, cache_v[:, L:L + g]], axis=1)
+            keys = ops.concatenate(
+                [keys, only_written(cache_k[:, L:L + g], seen, query.dtype)], axis=1)
+            values = ops.concatenate(
+                [values, only_written(cache_v[:, L:L + g], seen, query.dtype)], axis=1)
         dropout_fn = self._dropout_fn(training)
         scale = self._inverse_sqrt_key_dim
         out = la_ops.reference_attention(
@@ -164,9 +169,11 @@ class LongformerDecoding:
         qg = self._query_global_dense(inputs)
         if self.rotary_max_wavelength is not None:
             qg = la_ops.apply_rotary(qg, self.rotary_max_wavelength, start=index)
-        kg = ops.reshape(cache_k[:, L + g:], (B, g, self.num_heads, self.key_dim))
-        vg = ops.reshape(cache_v[:, L + g:], (B, g, self.num_heads, self.key_dim))
-        seen = (ops.arange(g, dtype="int32") <= index)[None, None, :]
+        kg = only_written(ops.reshape(cache_k[:, L + g:], (B, g, self.num_heads, self.key_dim)),
+                          seen, query.dtype)
+        vg = only_written(ops.reshape(cache_v[:, L + g:], (B, g, self.num_heads, self.key_dim)),
+                          seen, query.dtype)
+        seen = seen[None, None, :]
         rows = la_ops.reference_attention(ops.cast(qg, query.dtype), kg, vg, mask=seen,
                                           scale=scale, dropout_fn=dropout_fn)
         return ops.where(is_global, rows, out), cache

@@ -381,13 +381,8 @@ class AdaptiveSpanAttention(BaseAttention):
         keys: one new token attends ``W + 1`` keys directly (O(W) work); more
         run the blocked band over the ``W + T`` keys. The ring then keeps
         the last ``W`` of them."""
-        cache = ops.cast(cache, key.dtype)
         W, T = cache.shape[2], query.shape[1]
-        order = ops.mod(index + ops.arange(W, dtype="int32"), W)  # positions index - W ..
-        keys = ops.concatenate([ops.take(cache[:, 0], order, axis=1), key], axis=1)
-        values = ops.concatenate([ops.take(cache[:, 1], order, axis=1), value], axis=1)
-        k_pos = index - W + ops.arange(keys.shape[1], dtype="int32")
-        written = k_pos >= 0
+        keys, values, k_pos, written = self._ring_keys(cache, key, value, index)
         full_keys = self.expand_key_value_heads(keys)
         full_values = self.expand_key_value_heads(values)
         if T == 1:
@@ -410,12 +405,7 @@ class AdaptiveSpanAttention(BaseAttention):
             key_mask = ops.broadcast_to(written[None, :], (ops.shape(query)[0], W + T))
             out = self._band(padded, full_keys, full_values, self.current_reach(), 0, True,
                              key_mask, training)[:, W:]
-        # Slot s keeps the one of the last W positions that is s mod W.
-        first = index + T - W
-        slots = ops.mod(ops.arange(W, dtype="int32") - first, W)
-        ring_k = ops.take(keys[:, T:], slots, axis=1)
-        ring_v = ops.take(values[:, T:], slots, axis=1)
-        return out, ops.stack([ring_k, ring_v], axis=1)
+        return out, self._ring_after(keys, values, index, T)
 
     # ---------------------------------------------------------------- config
     def get_config(self):

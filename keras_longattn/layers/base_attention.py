@@ -12,6 +12,7 @@ from keras import ops
 from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
+from keras_longattn.ops import checks as la_checks
 from keras_longattn.layers.dispatch import auto_preference as dispatch_auto_preference
 from keras_longattn.layers.dispatch import collect_implementations
 
@@ -282,6 +283,14 @@ class BaseAttention(keras.layers.Layer):
         self.last_implementation = None
 
     # ------------------------------------------------------------------ build
+    def __call__(self, *args, **kwargs):
+        # Keras casts every float argument to the layer's input dtype before
+        # `call`: a decoding cache must keep its own dtype (a bfloat16 cache
+        # of a float32 layer stays bfloat16), so it passes held.
+        if kwargs.get("cache") is not None:
+            kwargs["cache"] = _Held(kwargs["cache"])
+        return super().__call__(*args, **kwargs)
+
     @property
     def output_shape(self):
         return self._output_shape
@@ -528,6 +537,8 @@ class BaseAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
     ):
+        if isinstance(cache, _Held):
+            cache = cache.value
         # Keras fills `query_mask`, `value_mask` and `key_mask` from the
         # inputs' Keras masks (e.g. `Embedding(mask_zero=True)`) before
         # `call`, exactly as for MultiHeadAttention.
@@ -794,9 +805,22 @@ class BaseAttention(keras.layers.Layer):
 
     def init_cache(self, batch_size, max_length, dtype=None):
         """An empty decoding cache: zeros of :meth:`cache_shape` in
-        ``dtype`` (default: the layer's compute dtype)."""
-        return ops.zeros(self.cache_shape(batch_size, max_length),
-                         dtype=dtype or self.compute_dtype)
+        ``dtype`` (default: the layer's compute dtype; a float dtype).
+
+        Raises:
+            ValueError: ``batch_size`` or ``max_length`` not a positive int,
+                or ``dtype`` not a float dtype (every cache, rings and
+                recurrent states included, whose size ignores
+                ``max_length``)."""
+        for name, size in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+                raise ValueError(f"`{name}` of init_cache must be a positive int. "
+                                 f"Received: {name}={size!r}")
+        dtype = keras.backend.standardize_dtype(dtype or self.compute_dtype)
+        if dtype not in _CACHE_DTYPES:
+            raise ValueError(f"`dtype` of init_cache must be one of {_CACHE_DTYPES}. "
+                             f"Received: dtype={dtype!r}")
+        return ops.zeros(self.cache_shape(int(batch_size), int(max_length)), dtype=dtype)
 
     def _decode(self, query, key, value, cache, index, training):
         """One decoding call on projected heads: the ``T`` new queries, keys
@@ -818,8 +842,7 @@ class BaseAttention(keras.layers.Layer):
             raise ValueError(
                 f"`cache` of {type(self).__name__} must have shape {shown} "
                 f"(init_cache gives one). Received: cache.shape={shape}")
-        if keras.backend.standardize_dtype(cache.dtype) not in ("float16", "bfloat16", "float32",
-                                                               "float64"):
+        if keras.backend.standardize_dtype(cache.dtype) not in _CACHE_DTYPES:
             raise ValueError(
                 "`cache` must be a floating-point tensor. "
                 f"Received: cache.dtype={keras.backend.standardize_dtype(cache.dtype)}")
@@ -880,29 +903,77 @@ class BaseAttention(keras.layers.Layer):
                 f"The decoding cache stacks keys and values: {name} needs value_dim == "
                 f"key_dim. Received: key_dim={self.key_dim}, value_dim={self.value_dim}")
         cache = self._check_cache(cache, query.shape[0])
-        index = _check_cache_index(index, query.shape[1],
-                                   cache.shape[2] if self.cache_length_free else None)
+        index, bad = _check_cache_index(index, query.shape[1],
+                                        cache.shape[2] if self.cache_length_free else None)
+        if bad is not None:
+            # XLA on TensorFlow cannot stop at a bad traced index: the call
+            # computes at position 0, then writes nothing and returns NaN
+            # (below; never a clamped write into the last slots).
+            index = ops.where(bad, ops.zeros_like(index), index)
+        if query.shape[1] == 0:
+            # No new token: nothing to attend from, nothing to write.
+            self.last_implementation = "decode"
+            return self._empty_result(query, value, False), cache
         q = self._query_dense(query)
         k = self._key_dense(value)
         v = self._value_dense(value)
         if self.rotary_max_wavelength is not None:
             q = la_ops.apply_rotary(q, self.rotary_max_wavelength, start=index)
             k = la_ops.apply_rotary(k, self.rotary_max_wavelength, start=index)
-        out, cache = self._decode(q, k, v, cache, index, training)
+        out, new_cache = self._decode(q, k, v, cache, index, training)
+        out = self._output_dense(out)
+        # The cache keeps its dtype (a compiled loop carries it unchanged).
+        new_cache = ops.cast(new_cache, cache.dtype)
+        if bad is not None:
+            out = ops.where(bad, ops.full_like(out, float("nan")), out)
+            new_cache = ops.where(bad, cache, new_cache)
         self.last_implementation = "decode"
-        return self._output_dense(out), cache
+        return out, new_cache
 
     def _written_full_cache(self, cache, key, value, index):
         """A full-length cache ``(B, 2, S, H_kv, d)`` with the new keys and
-        values written at ``index``, and its keys and values. (Updating the
-        keys and the values apart and stacking them decoded faster on XLA's
-        CPU backend than one update of the stacked cache: about 400 against 590 ms
-        per token at 131,072 positions.)"""
-        cache = ops.cast(cache, key.dtype)
+        values written at ``index`` (in the cache's dtype), and its keys and
+        values in the keys' dtype, the slots not written yet (from ``index +
+        T`` on) selected as zeros: whatever they hold never reaches an
+        output. (Updating the keys and the values apart and stacking them
+        decodes faster on XLA's CPU backend than one update of the stacked
+        cache.)"""
         start = (0, index, 0, 0)
-        keys = ops.slice_update(cache[:, 0], start, key)
-        values = ops.slice_update(cache[:, 1], start, value)
-        return ops.stack([keys, values], axis=1), keys, values
+        keys = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
+        values = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
+        written = ops.arange(cache.shape[2], dtype="int32") < index + key.shape[1]
+        return (ops.stack([keys, values], axis=1),
+                only_written(keys, written, key.dtype),
+                only_written(values, written, key.dtype))
+
+    def _ring_keys(self, cache, key, value, index):
+        """The keys and values of a ring cache ``(B, 2, W, H_kv, d)`` (the
+        last ``W`` positions, position ``p`` in slot ``p mod W``) put in
+        order, followed by the ``T`` new ones: ``(keys, values, k_pos,
+        written)``, positions ``index - W .. index + T - 1``; slots of
+        positions before 0 (never written) are selected as zeros."""
+        W = cache.shape[2]
+        order = ops.mod(index + ops.arange(W, dtype="int32"), W)  # positions index - W ..
+        keys = ops.concatenate(
+            [ops.cast(ops.take(cache[:, 0], order, axis=1), key.dtype), key], axis=1)
+        values = ops.concatenate(
+            [ops.cast(ops.take(cache[:, 1], order, axis=1), value.dtype), value], axis=1)
+        k_pos = index - W + ops.arange(keys.shape[1], dtype="int32")
+        written = k_pos >= 0
+        return (only_written(keys, written, key.dtype), only_written(values, written, value.dtype),
+                k_pos, written)
+
+    @staticmethod
+    def _ring_after(keys, values, index, T):
+        """The ring of the last ``W`` of the ordered ``keys`` / ``values``
+        (:meth:`_ring_keys`) after ``T`` new positions: slot ``s`` keeps
+        the one of the last ``W`` positions that is ``s mod W``."""
+        W = keys.shape[1] - T
+        first = index + T - W
+        slots = ops.mod(ops.arange(W, dtype="int32") - first, W)
+        ring_k = ops.take(keys[:, T:], slots, axis=1)
+        ring_v = ops.take(values[:, T:], slots, axis=1)
+        return ops.stack([ring_k, ring_v], axis=1)
 
     def _decode_each_token(self, step, tokens, cache, index):
         """Decodes ``T`` new tokens one after the other: ``step(*token_slices,
@@ -1173,42 +1244,63 @@ def _check_output_shape(output_shape):
 def known_index(index):
     """``cache_update_index`` as a Python int when its value is known while
     the call is made (None when it is traced)."""
-    try:
-        return int(ops.convert_to_numpy(index))
-    except Exception:  # traced
-        return None
+    return la_checks.concrete_int(index)
+
+
+def only_written(x, written, dtype):
+    """``x`` ``(B, S, ...)`` in ``dtype`` where ``written`` ``(S,)``, exact
+    zeros elsewhere (a select: a non-finite value in a slot not written
+    cannot reach an output, as it would through a zero weight)."""
+    x = ops.cast(x, dtype)
+    keep = ops.reshape(written, (1, -1) + (1,) * (len(x.shape) - 2))
+    return ops.where(keep, x, ops.zeros_like(x))
 
 
 def _check_cache_index(index, new_tokens, max_length):
-    """``cache_update_index`` as an int32 scalar tensor; a Python int (or a
-    concrete tensor) outside the cache is a ValueError naming it."""
-    value = None
-    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
-        value = int(index)
-    elif isinstance(index, bool) or isinstance(index, (float, str)):
+    """``(index, bad)``: ``cache_update_index`` as an int32 scalar tensor,
+    and None, or, for a traced index that the backend cannot refuse while
+    the program runs, the traced flag of an index outside the cache. A
+    Python int (or a concrete tensor) outside the cache is a ValueError
+    naming it; a traced one is refused when the program runs (JAX, TensorFlow
+    graphs; :func:`keras_longattn.ops.checks.refuse_when`)."""
+    if isinstance(index, bool) or isinstance(index, (float, str)):
         raise ValueError(
             "`cache_update_index` must be an int or a scalar integer tensor. "
             f"Received: cache_update_index={index!r}")
-    else:
+    if not isinstance(index, numbers.Integral):
         index = ops.convert_to_tensor(index)
         if len(index.shape) != 0 or "int" not in keras.backend.standardize_dtype(index.dtype):
             raise ValueError(
                 "`cache_update_index` must be an int or a scalar integer tensor. "
                 f"Received: cache_update_index with shape {tuple(index.shape)} and dtype "
                 f"{keras.backend.standardize_dtype(index.dtype)}")
-        try:
-            value = int(ops.convert_to_numpy(index))
-        except Exception:  # traced: checked by the caller's shapes only
-            value = None
+    limit = None if max_length is None or new_tokens is None else max_length - new_tokens
+    room = "" if limit is None else (f" and at most {limit} (cache length {max_length} "
+                                     f"- {new_tokens} new tokens)")
+    message = f"`cache_update_index` must be at least 0{room}. Received: cache_update_index="
+    value = la_checks.concrete_int(index)
     if value is not None:
-        limit = None if max_length is None or new_tokens is None else max_length - new_tokens
         if value < 0 or (limit is not None and value > limit):
-            room = "" if limit is None else f" and at most {limit} (cache length {max_length} " \
-                f"- {new_tokens} new tokens)"
-            raise ValueError(
-                f"`cache_update_index` must be at least 0{room}. "
-                f"Received: cache_update_index={value}")
-    return ops.cast(index, "int32")
+            raise ValueError(message + str(value))
+        return ops.convert_to_tensor(value, "int32"), None
+    index = ops.cast(index, "int32")
+    bad = index < 0
+    if limit is not None:
+        bad = ops.logical_or(bad, index > limit)
+    return la_checks.refuse_when(bad, index, message + "{value}")
+
+
+class _Held:
+    """An argument carried through ``Layer.__call__`` unconverted."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+#: Dtypes a decoding cache may have.
+_CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _as_tensor(mask):

@@ -265,13 +265,8 @@ class LocalAttention(BaseAttention):
         the ``W + T`` keys (O((W + T) * w)). The ring then keeps the last
         ``W`` of them."""
         look_back = self.extents(True)[0]
-        cache = ops.cast(cache, key.dtype)
         W, T = cache.shape[2], query.shape[1]
-        order = ops.mod(index + ops.arange(W, dtype="int32"), W)  # positions index - W ..
-        keys = ops.concatenate([ops.take(cache[:, 0], order, axis=1), key], axis=1)
-        values = ops.concatenate([ops.take(cache[:, 1], order, axis=1), value], axis=1)
-        k_pos = index - W + ops.arange(keys.shape[1], dtype="int32")
-        written = k_pos >= 0
+        keys, values, k_pos, written = self._ring_keys(cache, key, value, index)
         if T == 1:
             q_pos = index + ops.arange(1, dtype="int32")
             visible = ops.logical_and(written[None, :], k_pos[None, :] >= q_pos[:, None] - look_back)
@@ -290,12 +285,7 @@ class LocalAttention(BaseAttention):
                 look_back, 0, block_size=self.block_size,
                 key_mask=key_mask, scale=self._inverse_sqrt_key_dim,
                 dropout_fn=self._dropout_fn(training))[:, W:]
-        # Slot s keeps the one of the last W positions that is s mod W.
-        first = index + T - W
-        slots = ops.mod(ops.arange(W, dtype="int32") - first, W)
-        ring_k = ops.take(keys[:, T:], slots, axis=1)
-        ring_v = ops.take(values[:, T:], slots, axis=1)
-        return out, ops.stack([ring_k, ring_v], axis=1)
+        return out, self._ring_after(keys, values, index, T)
 
     def full_attention_limit(self, sequence_length):
         n = int(sequence_length)

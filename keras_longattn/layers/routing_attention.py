@@ -14,6 +14,7 @@ from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.base_attention import known_index
+from keras_longattn.layers.base_attention import only_written
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
@@ -931,9 +932,9 @@ class RoutingAttention(BaseAttention):
             rank_k = count(old_k, ck) + count(old_q, ck)
             meta = ops.transpose(ops.stack([cq, ck, rank_k], axis=1), (0, 3, 1, 2))
         cache = self._write(cache, key, value, meta, index)
-        keys = ops.cast(cache[:, 0], query.dtype)
-        values = ops.cast(cache[:, 1], query.dtype)
         upto = k_pos <= index
+        keys = only_written(cache[:, 0], upto, query.dtype)
+        values = only_written(cache[:, 1], upto, query.dtype)
         masks = []
         if self.local_heads:
             look_back, _ = self._local_extents(True, self.window)

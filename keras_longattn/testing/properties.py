@@ -35,6 +35,10 @@ What is checked (every test name starts with ``test_prop_``):
   positions (marked by ``value_mask`` alone, by ``value_mask`` and
   ``query_mask``, by ``key_mask``, or by a dense ``attention_mask``) leave
   the real outputs as they are with zeros there;
+* decoding with a cache (layers that have one; the mixin
+  :class:`keras_longattn.testing.decoding.DecodingProperties`): bad cache
+  arguments refused, empty calls, the cache's dtype kept, unwritten slots
+  inert, a traced index outside the cache refused when the program runs;
 * an empty batch and an empty sequence give an empty output of the right
   shape and dtype;
 * causal layers are prefix-consistent: the outputs for a prefix equal the
@@ -82,6 +86,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from keras_longattn.testing.decoding import DecodingProperties
 from keras_longattn.testing.numerics import rel_error
 
 # ------------------------------------------------------------------ profiles
@@ -264,7 +269,7 @@ def _masked_sum(out, row_mask):
     return keras.ops.sum(keras.ops.where(keep, out, keras.ops.zeros_like(out)))
 
 
-class AttentionLayerProperties:
+class AttentionLayerProperties(DecodingProperties):
     """Hypothesis properties of the attention-layer contract.
 
     Flags shared with :class:`AttentionLayerConformance` (same meaning):
@@ -364,6 +369,10 @@ class AttentionLayerProperties:
         "test_prop_seed_reproducible",
         "test_prop_invalid_arguments",
         "test_prop_dtype_policy",
+        # keras_longattn.testing.decoding (layers with a cache only).
+        "test_prop_decode_cache_arguments",
+        "test_prop_decode_unwritten_slots_inert",
+        "test_prop_decode_traced_index_refused",
     )
     couples_queries = False
     seed_arguments = ("seed",)

@@ -37,6 +37,17 @@ class JaxOps(BackendOps):
             return ("pallas", "explicit", "fused")
         return ("explicit", "fused")
 
+    def refuse_at_run_time(self, bad, value, message):
+        """A host callback on the bad branch of a ``lax.cond``: Python runs
+        only when ``bad`` is True, and its ValueError stops the program
+        (``JaxRuntimeError`` carrying the message)."""
+
+        def fail(v):
+            raise ValueError(message.format(value=v.item()))
+
+        jax.lax.cond(bad, lambda v: jax.debug.callback(fail, v), lambda v: None, value)
+        return value, True
+
     def dot_product_attention(self, q, k, v, mask=None, is_causal=False, scale=None):
         dtype = q.dtype
         if dtype == "float16" and jax.default_backend() == "cpu":
