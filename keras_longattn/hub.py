@@ -79,6 +79,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
     ) from error
 
 from keras_longattn import ops as la_ops
+from keras_longattn.models import generation as la_generation
 
 #: Constructor arguments of our layers that the converter takes from the
 #: backbone (an attention config may not set them).
@@ -976,6 +977,9 @@ _LONG_CLASSES = {
 #: Backbones with a learned position table (``max_sequence_length`` rows).
 _LEARNED_POSITIONS = (LongGPT2Backbone, LongBertBackbone, LongRobertaBackbone)
 
+#: Causal decoders (their blocks call the attention with use_causal_mask=True).
+_DECODERS = (LongGPT2Backbone, LongLlamaBackbone, LongMistralBackbone)
+
 
 # ---------------------------------------------------------------- converter
 def longify(backbone, attention, max_sequence_length=None):
@@ -1016,7 +1020,11 @@ def longify(backbone, attention, max_sequence_length=None):
     Raises:
         ValueError: ``backbone`` of another class, an ``attention`` that is
             not the config of one of our layers (or sets what the backbone
-            decides), a ``max_sequence_length`` shorter than the backbone's
+            decides), an attention without the mode the blocks call it in
+            (no causal mode, ``supports_causal`` False, for GPT-2, Llama and
+            Mistral: ``LinformerAttention``, ``NystromAttention``,
+            ``AdaMRAAttention``; causal only for BERT and RoBERTa), a
+            ``max_sequence_length`` shorter than the backbone's
             (or given for a rotary backbone), or a rotary embedding our
             layers cannot reproduce (position scaling, Llama 3.1 frequency
             adjustment).
@@ -1029,6 +1037,7 @@ def longify(backbone, attention, max_sequence_length=None):
             "from their config or a preset). Received: backbone of class "
             f"{type(backbone).__name__}")
     spec = attention_spec(attention)
+    _check_attention_mode(spec, long_class)
     config = backbone.get_config()
     config.pop("attention", None)
     if issubclass(long_class, _LEARNED_POSITIONS):
@@ -1061,6 +1070,30 @@ def longify(backbone, attention, max_sequence_length=None):
     long_backbone = long_class(attention=spec, **config)
     _copy_weights(backbone, long_backbone)
     return long_backbone
+
+
+def _check_attention_mode(spec, long_class):
+    """ValueError unless the attention of ``spec`` has the mode the blocks of
+    ``long_class`` call it in: causal for the decoders (GPT-2, Llama,
+    Mistral: every call and every decoding step has
+    ``use_causal_mask=True``), bidirectional for the encoders (BERT,
+    RoBERTa); the layer's ``supports_causal`` / ``supports_bidirectional``."""
+    cls = _attention_class(spec["class_name"])
+    name = cls.__name__
+    decoder = issubclass(long_class, _DECODERS)
+    if decoder and not getattr(cls, "supports_causal", True):
+        raise ValueError(
+            f"{long_class.__name__} is a causal decoder: its blocks call the "
+            f"attention with use_causal_mask=True, and {name} has no causal mode "
+            f"({name}.supports_causal is False; it would be refused at the first "
+            "call). Use an attention with a causal mode (e.g. LocalAttention, "
+            f"FullAttention). Received: attention['class_name']={name!r}")
+    if not decoder and not getattr(cls, "supports_bidirectional", True):
+        raise ValueError(
+            f"{long_class.__name__} is a bidirectional encoder: its blocks call "
+            f"the attention with use_causal_mask=False, and {name} only supports "
+            f"causal attention ({name}.supports_bidirectional is False). "
+            f"Received: attention['class_name']={name!r}")
 
 
 def _check_rotary(backbone):
@@ -1103,6 +1136,26 @@ def extend_positions(table, length):
     return table[np.arange(length) % table.shape[0]]
 
 
+def _expand_heads(value, shape):
+    """A local key or value projection (kernel ``(dim, H_kv, d)``, bias
+    ``(H_kv, d)``) repeated to the ``H`` heads of a global projection of
+    ``shape``: head ``h`` of the result is key/value head ``h // (H / H_kv)``,
+    the grouping of grouped-query attention (``expand_key_value_heads``:
+    each key/value head serves its group of consecutive query heads), so
+    that the global rows start as the local attention they extend. Any
+    other mismatch is left for the caller's shape check."""
+    if value.ndim != len(shape) or tuple(value.shape) == tuple(shape):
+        return value
+    axis = value.ndim - 2  # the heads: (dim, H, d) kernels, (H, d) biases
+    others = [i for i in range(value.ndim) if i != axis]
+    if (
+        any(value.shape[i] != shape[i] for i in others)
+        or shape[axis] % value.shape[axis]
+    ):
+        return value
+    return np.repeat(value, shape[axis] // value.shape[axis], axis=axis)
+
+
 def _copy_weights(source, target):
     """Assigns every variable of ``target`` from the variable of ``source``
     with the same path (the converted attention layers keep the names of
@@ -1110,7 +1163,9 @@ def _copy_weights(source, target):
     (:func:`extend_positions`). A variable of one of our attention layers
     without a counterpart is the layer's own state: Longformer's global
     projections (``query_global`` ...) start as copies of the local ones,
-    as in the Longformer paper; others (Linformer's projections, Routing's
+    as in the Longformer paper (with grouped-query attention, the key and
+    value projections repeated to every query head of their group,
+    :func:`_expand_heads`); others (Linformer's projections, Routing's
     centroids, Performer's features, ...) keep their initialization. Any
     other variable without a counterpart of the same shape, or a variable
     of ``source`` left over, is a RuntimeError. Returns the paths of the
@@ -1143,6 +1198,8 @@ def _copy_weights(source, target):
         value = ops.convert_to_numpy(old)
         if id(variable) in tables:
             value = extend_positions(value, variable.shape[0])
+        elif old.path != path:  # a global projection from a local one
+            value = _expand_heads(value, tuple(variable.shape))
         if tuple(value.shape) != tuple(variable.shape):
             raise RuntimeError(
                 f"{path!r}: shape {tuple(value.shape)} in the backbone, "
@@ -1181,15 +1238,56 @@ class _LongCausalLMMixin:
     draws at the prompt steps, so its numbers, not its distribution, differ
     from the original task's. The ``ContrastiveSampler`` (hidden states of
     every prompt position) is refused.
+
+    Checked, as :class:`keras_longattn.models.CausalLanguageModel` checks
+    them: :meth:`call_with_cache` refuses float ids, ids outside the
+    vocabulary and (GPT-2) positions past the position table, before
+    anything is written to the cache (see there for traced inputs);
+    :meth:`init_caches` a bad ``batch_size`` or ``max_length``; a
+    generation longer than GPT-2's position table (``max_length`` above the
+    backbone's ``max_sequence_length``: keras-hub would clamp the positions
+    on JAX) is refused before generating, and prompts given without a
+    preprocessor must hold ids of the vocabulary.
     """
 
     def _attention_layers(self):
         return [block._self_attention_layer for block in self.backbone.transformer_layers]
 
-    def _build_cache(self, token_ids):
-        """The stacked empty caches of the blocks' attention layers,
-        ``(B, num_layers) + layer.cache_shape(B, max_length)[1:]``."""
-        batch_size, max_length = token_ids.shape[0], token_ids.shape[1]
+    def _position_table_size(self):
+        """The rows of the backbone's learned position table, or None
+        (rotary positions: no table)."""
+        if isinstance(self.backbone, _LEARNED_POSITIONS):
+            return int(self.backbone.max_sequence_length)
+        return None
+
+    def _check_max_length(self, max_length):
+        table = self._position_table_size()
+        if table is not None and max_length > table:
+            raise ValueError(
+                "`max_length` must be at most the length of the backbone's learned "
+                f"position table ({table}, its max_sequence_length; longify's "
+                "max_sequence_length extends it). Received: "
+                f"max_length={max_length}")
+
+    def init_caches(self, batch_size, max_length):
+        """The stacked empty caches of the blocks' attention layers for
+        ``batch_size`` sequences of up to ``max_length`` tokens,
+        ``(B, num_layers) + layer.cache_shape(B, max_length)[1:]`` (the
+        ``cache`` of :meth:`call_with_cache`).
+
+        Raises:
+            ValueError: an attention without a decoding cache, a
+                ``batch_size`` or ``max_length`` that is not a positive int,
+                a ``max_length`` beyond the learned position table (GPT-2).
+        """
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(
+                    f"`{name}` must be a positive int. Received: {name}={value!r}")
+        self._check_max_length(int(max_length))
+        return self._empty_caches(int(batch_size), int(max_length))
+
+    def _empty_caches(self, batch_size, max_length):
         for layer in self._attention_layers():
             reason = layer.decode_refusal()
             if reason is not None:
@@ -1200,6 +1298,79 @@ class _LongCausalLMMixin:
         caches = [layer.init_cache(batch_size, max_length) for layer in self._attention_layers()]
         dtype = caches[0].dtype
         return ops.stack([ops.cast(c, dtype) for c in caches], axis=1)
+
+    def _build_cache(self, token_ids):
+        """The empty caches for the padded ``token_ids`` ``(B, max_length)``
+        of a generation (its static shape; the position table is checked by
+        ``generate_step``)."""
+        return self._empty_caches(token_ids.shape[0], token_ids.shape[1])
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """keras-hub's ``call_with_cache`` (one forward pass of new tokens
+        through the stacked caches of :meth:`init_caches`), with its inputs
+        checked.
+
+        Float (or bool) ``token_ids`` are refused with a ValueError naming the
+        dtype; ids outside ``[0, vocabulary_size)`` and, with a learned
+        position table (GPT-2), positions past it are refused with a
+        ValueError when known at the call, and when the program runs when
+        traced (``jax.jit``: ``JaxRuntimeError``; a TensorFlow graph:
+        ``InvalidArgumentError``). Under XLA on TensorFlow, which cannot stop
+        a program, a refused call returns NaN logits and hidden states and
+        the cache it was given, unchanged. ``generate`` feeds checked
+        prompts and the sampler's ids without these checks.
+        """
+        token_ids, bad = la_generation.check_token_ids(
+            token_ids, self.backbone.vocabulary_size)
+        table = self._position_table_size()
+        if table is not None and token_ids.shape[1] is not None:
+            cache_update_index, late = la_generation.check_positions(
+                cache_update_index, int(token_ids.shape[1]), table,
+                "the backbone's max_sequence_length")
+            bad = la_generation.any_flag(bad, late)
+        logits, hidden_states, new_cache = super().call_with_cache(
+            token_ids, cache, cache_update_index)
+        return la_generation.refuse_result(bad, logits, hidden_states, new_cache, cache)
+
+    def _decode(self, token_ids, cache, cache_update_index):
+        """keras-hub's ``call_with_cache`` without our checks."""
+        return super().call_with_cache(token_ids, cache, cache_update_index)
+
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
+        """keras-hub's ``generate``; without a preprocessor, the prompts
+        (``{"token_ids", "padding_mask"}`` arrays, padded to the output
+        length) are checked first: integer ids in the vocabulary on the
+        prompt tokens, and, with a learned position table, an output length
+        within it (ValueErrors; the compiled generation checks the length
+        too, before generating, whatever the inputs)."""
+        if self.preprocessor is None:
+            self._check_prompts(inputs)
+        return super().generate(inputs, max_length=max_length,
+                                stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
+
+    def _check_prompts(self, inputs):
+        if not isinstance(inputs, dict) or "token_ids" not in inputs:
+            return  # a dataset, or another structure keras-hub refuses
+        try:
+            token_ids = np.asarray(ops.convert_to_numpy(inputs["token_ids"]))
+            mask = inputs.get("padding_mask")
+            mask = None if mask is None else np.asarray(ops.convert_to_numpy(mask))
+        except Exception:  # pragma: no cover - not concrete arrays
+            return
+        if not np.issubdtype(token_ids.dtype, np.integer):
+            raise ValueError(
+                "`token_ids` of the prompts must be integer token ids. Received: "
+                f"token_ids with dtype {token_ids.dtype}")
+        if token_ids.ndim:
+            self._check_max_length(int(token_ids.shape[-1]))
+        real = token_ids if mask is None or mask.shape != token_ids.shape \
+            else token_ids[mask.astype(bool)]
+        vocabulary = self.backbone.vocabulary_size
+        if real.size and (real.min() < 0 or real.max() >= vocabulary):
+            value = int(real.min() if real.min() < 0 else real.max())
+            raise ValueError(
+                f"`token_ids` of the prompts must be token ids in [0, {vocabulary}) "
+                f"(the vocabulary size is {vocabulary}). Received: token id {value}")
 
     def generate_step(self, inputs, stop_token_ids=None):
         """One batch of generation (compiled by keras-hub's
@@ -1217,14 +1388,15 @@ class _LongCausalLMMixin:
                 "prompt token per step does not give). Received: sampler="
                 f"{type(self.sampler).__name__}")
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+        if token_ids.shape[1] is not None:  # static: refused before generating
+            self._check_max_length(int(token_ids.shape[1]))
         cache = self._build_cache(token_ids)
 
         def next(prompt, cache, index):
             cache_update_index = index - 1
             batch_size = ops.shape(prompt)[0]
             prompt = ops.slice(prompt, [0, cache_update_index], [batch_size, 1])
-            logits, hidden_states, cache = self.call_with_cache(
-                prompt, cache, cache_update_index)
+            logits, hidden_states, cache = self._decode(prompt, cache, cache_update_index)
             return (ops.squeeze(logits, axis=1), ops.squeeze(hidden_states, axis=1), cache)
 
         token_ids = self.sampler(

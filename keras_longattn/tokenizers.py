@@ -24,10 +24,18 @@ any vocabulary loaded into keras-hub's BPE tokenizers).
 :func:`wikipedia_tokenizer` trains on the training articles of the Wikipedia
 sample that ships in gensim's test data
 (:func:`keras_longattn.datasets.wiki_article_splits`), so nothing is
-downloaded. Llama and Mistral use SentencePiece, whose keras-hub tokenizer
-runs through tensorflow-text at call time; they are not offered.
+downloaded. Offline it needs gensim installed (the ``[hub]`` extra lists it,
+as does ``[notebooks]``): the sample is the file
+``gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``
+of gensim's wheel (1.7 MB, 206 pages), found on disk without importing
+gensim; without it :func:`wikipedia_tokenizer` raises
+``keras_longattn.datasets.DatasetNotFoundError``. :func:`train_tokenizer`
+on your own texts needs no gensim. Llama and Mistral use SentencePiece,
+whose keras-hub tokenizer runs through tensorflow-text at call time; they
+are not offered.
 
-Needs keras-hub and tokenizers (``pip install keras-longattn[hub]``).
+Needs keras-hub and tokenizers, and gensim's test data for
+:func:`wikipedia_tokenizer` (``pip install keras-longattn[hub]``).
 """
 
 import functools

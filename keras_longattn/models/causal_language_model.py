@@ -154,10 +154,12 @@ class CausalLanguageModel(keras.Model):
 
         Raises:
             ValueError: for a layer without a cache (naming the sublayer and
-                the layer's reason), or a ``max_length`` beyond the learned
-                position table.
+                the layer's reason), a ``batch_size`` that is not a positive
+                int, a ``max_length`` that is not an int >= 2 or runs beyond
+                the learned position table.
         """
         self._check_decodable()
+        batch_size = generation.check_batch_size(batch_size)
         max_length = self._check_max_length(max_length)
         return tuple(
             sublayer.attention.init_cache(batch_size, max_length)
@@ -169,7 +171,8 @@ class CausalLanguageModel(keras.Model):
 
         Args:
             token_ids: int ``(B, T)``, the tokens at positions
-                ``cache_update_index .. cache_update_index + T - 1``.
+                ``cache_update_index .. cache_update_index + T - 1``, each in
+                ``[0, vocab_size)``.
             cache: the tuple of caches (:meth:`init_caches`, or the one a
                 previous call returned).
             cache_update_index: the position of ``token_ids[:, 0]`` (an int,
@@ -179,7 +182,41 @@ class CausalLanguageModel(keras.Model):
             ``(logits (B, T, vocab_size), hidden_states (B, T, dim),
             new_cache)``: the logits equal those of the full forward pass at
             these positions (up to float rounding).
+
+        Raises:
+            ValueError: float (or bool) ``token_ids`` (naming the dtype), ids
+                outside ``[0, vocab_size)`` (naming the offending id and the
+                vocabulary size), positions beyond the learned position
+                table, a ``cache`` that is not one cache per attention
+                sublayer.
+
+        Ids and positions known when the call is made are refused at once.
+        Traced ones (inside ``jax.jit`` or a ``tf.function``) are checked
+        when the program runs: JAX stops it with the message
+        (``JaxRuntimeError``), a TensorFlow graph with
+        ``InvalidArgumentError``. XLA on TensorFlow (``jit_compile=True``)
+        cannot stop a program: there a refused call returns NaN logits and
+        hidden states and the caches it was given, unchanged, so that
+        nothing it computed can be mistaken for a result or poison later
+        steps.
         """
+        embedding, positions, _, _, _ = self._decoding_layers()
+        token_ids, bad = generation.check_token_ids(token_ids, embedding.input_dim)
+        if positions is not None and token_ids.shape[1] is not None:
+            cache_update_index, late = generation.check_positions(
+                cache_update_index, int(token_ids.shape[1]),
+                positions.sequence_length, "the model's sequence_length")
+            bad = generation.any_flag(bad, late)
+        old_cache = tuple(cache) if isinstance(cache, (tuple, list)) else cache
+        logits, hidden_states, new_cache = self._decode(
+            token_ids, cache, cache_update_index
+        )
+        return generation.refuse_result(bad, logits, hidden_states, new_cache, old_cache)
+
+    def _decode(self, token_ids, cache, cache_update_index):
+        """:meth:`call_with_cache` without the checks of the token ids and
+        positions (``generate`` feeds it checked prompts and the sampler's
+        ids)."""
         embedding, positions, blocks, final_norm, head = self._decoding_layers()
         n_cached = sum(isinstance(b, _CACHED) for b in blocks)
         if not isinstance(cache, (tuple, list)) or len(cache) != n_cached:

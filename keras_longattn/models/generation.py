@@ -78,6 +78,20 @@ def get_sampler(sampler):
     return sampler
 
 
+def check_batch_size(batch_size):
+    """``batch_size`` as a Python int >= 1, or a ValueError naming it."""
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            "`batch_size` must be a positive int (the number of sequences the "
+            f"caches hold). Received: batch_size={batch_size!r}"
+        )
+    return int(batch_size)
+
+
 def check_max_length(max_length):
     """``max_length`` as a Python int >= 2, or a ValueError naming it."""
     if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
@@ -174,6 +188,136 @@ def normalize_prompt(prompt_tokens, padding_mask, max_length, vocab_size):
     return token_ids, full_mask, int(mask.sum(axis=1).min())
 
 
+def _concrete_values(x):
+    """``x`` as a NumPy array when its values are known while the call is
+    made (NumPy, Python lists, eager tensors), else None (traced)."""
+    try:
+        return np.asarray(ops.convert_to_numpy(x))
+    except Exception:  # a tracer or a graph tensor
+        return None
+
+
+def check_token_ids(token_ids, vocab_size, name="token_ids"):
+    """Checks the token ids of a decoding call (``call_with_cache``).
+
+    Float (or bool) ids are refused with a ValueError naming ``name`` and
+    the dtype, as is a shape other than ``(batch, length)``. Concrete ids
+    (NumPy, lists, eager tensors) outside ``[0, vocab_size)`` are refused
+    with a ValueError naming the offending id and the vocabulary size.
+    Traced ids (inside ``jax.jit`` or a ``tf.function``) are checked when
+    the program runs, with :func:`keras_longattn.ops.checks.refuse_when`.
+
+    Returns:
+        ``(token_ids, bad)``: the ids to embed and None when nothing is left
+        to do, or, where the backend cannot stop a compiled program (XLA on
+        TensorFlow), the ids clipped into the vocabulary and the traced
+        boolean scalar ``bad``: the caller must then make its result
+        unusable where ``bad`` holds (NaN logits, caches unchanged). On the
+        run-time path the ids are clipped too, so that no raw gather error
+        (or a NaN row of JAX's out-of-range gather) comes before the
+        message.
+    """
+    if not hasattr(token_ids, "dtype") or not hasattr(token_ids, "shape"):
+        token_ids = np.asarray(token_ids)
+    dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"`{name}` must be integer token ids. Received: {name} with dtype "
+            f"{dtype}"
+        )
+    shape = tuple(token_ids.shape)
+    if len(shape) != 2:
+        raise ValueError(
+            f"`{name}` must have shape (batch, length). Received: {name} with "
+            f"shape {shape}"
+        )
+    message = (
+        f"`{name}` must be token ids in [0, {vocab_size}) (the vocabulary size "
+        f"is {vocab_size}). Received: token id {{value}}"
+    )
+    values = _concrete_values(token_ids)
+    if values is not None:
+        if values.size:
+            low, high = int(values.min()), int(values.max())
+            if low < 0 or high >= vocab_size:
+                raise ValueError(message.format(value=low if low < 0 else high))
+        return token_ids, None
+    if 0 in shape:
+        return token_ids, None
+    from keras_longattn.ops import checks
+
+    low, high = ops.min(token_ids), ops.max(token_ids)
+    bad = ops.logical_or(ops.less(low, 0), ops.greater_equal(high, vocab_size))
+    value = ops.where(ops.less(low, 0), low, high)
+    _, flag = checks.refuse_when(bad, value, message)
+    return ops.clip(token_ids, 0, vocab_size - 1), flag
+
+
+def check_positions(cache_update_index, length, table_size, what):
+    """Refuses a decoding call whose positions ``cache_update_index ..
+    cache_update_index + length - 1`` run past a learned position table of
+    ``table_size`` rows (``what`` names it in the message).
+
+    A concrete index is checked now (ValueError); a traced one when the
+    program runs (:func:`keras_longattn.ops.checks.refuse_when`).
+
+    Returns:
+        ``(cache_update_index, bad)``: the index to decode at and None, or,
+        for a traced index, the index clipped into the table (so that no
+        slice of the table or cache fails before the message, and XLA gets
+        a slice it can compile) with the traced flag where the backend
+        cannot stop the program (XLA on TensorFlow; None elsewhere).
+    """
+    message = (
+        f"The positions of `token_ids` must lie in the learned position table "
+        f"({table_size} rows, {what}): cache_update_index + length must be at "
+        f"most {table_size}. Received: cache_update_index + length = {{value}}"
+    )
+    index = _concrete_values(cache_update_index)
+    if index is not None:
+        if index.ndim == 0 and np.issubdtype(index.dtype, np.integer):
+            if int(index) + length > table_size:
+                raise ValueError(message.format(value=int(index) + length))
+        return cache_update_index, None  # other values: the layers refuse them
+    if length > table_size:
+        raise ValueError(message.format(value=f"at least {length}"))
+    from keras_longattn.ops import checks
+
+    end = ops.add(ops.cast(cache_update_index, "int32"), length)
+    end, bad = checks.refuse_when(ops.greater(end, table_size), end, message)
+    return ops.clip(ops.subtract(end, length), 0, table_size - length), bad
+
+
+def refuse_result(bad, logits, hidden_states, new_cache, old_cache):
+    """The result of a decoding call made unusable where the traced boolean
+    scalar ``bad`` holds (a refused call under XLA on TensorFlow, see
+    :func:`check_token_ids`): NaN logits and hidden states, and the caches
+    as they were before the call. ``bad`` None: unchanged."""
+    if bad is None:
+        return logits, hidden_states, new_cache
+    logits = ops.where(bad, ops.cast(float("nan"), logits.dtype), logits)
+    hidden_states = ops.where(
+        bad, ops.cast(float("nan"), hidden_states.dtype), hidden_states
+    )
+    new_cache = keras.tree.map_structure(
+        lambda old, new: ops.where(bad, ops.cast(old, new.dtype), new),
+        old_cache,
+        new_cache,
+    )
+    return logits, hidden_states, new_cache
+
+
+def any_flag(*flags):
+    """The OR of the traced flags that are not None (None if all are)."""
+    flags = [f for f in flags if f is not None]
+    if not flags:
+        return None
+    result = flags[0]
+    for flag in flags[1:]:
+        result = ops.logical_or(result, flag)
+    return result
+
+
 def check_stop_token_ids(stop_token_ids, vocab_size):
     """``stop_token_ids`` as a tuple of ints in the vocabulary, or None."""
     if stop_token_ids is None:
@@ -208,21 +352,22 @@ def generate_step(model, sampler, token_ids, mask, stop_token_ids, prefill_lengt
     at ``index - 1`` and the sampler writes position ``index`` (keeping
     prompt tokens where ``mask`` is True). Returns ``(token_ids, mask)``
     with ``mask`` True on the prompt and the generated tokens up to and
-    including the first stop token of each row."""
+    including the first stop token of each row.
+
+    The steps call ``model._decode``, ``call_with_cache`` without its checks
+    of the ids and positions: the prompt was checked by
+    :func:`normalize_prompt`, ``max_length`` against the position table,
+    and the sampler writes ids of the vocabulary."""
     batch_size, max_length = token_ids.shape[0], token_ids.shape[1]
     caches = model.init_caches(batch_size, max_length)
     if prefill_length > 0:
-        _, _, caches = model.call_with_cache(
-            token_ids[:, :prefill_length], caches, 0
-        )
+        _, _, caches = model._decode(token_ids[:, :prefill_length], caches, 0)
 
     def next(prompt, cache, index):
         cache_update_index = index - 1
         rows = ops.shape(prompt)[0]
         step = ops.slice(prompt, [0, cache_update_index], [rows, 1])
-        logits, hidden_states, cache = model.call_with_cache(
-            step, cache, cache_update_index
-        )
+        logits, hidden_states, cache = model._decode(step, cache, cache_update_index)
         return ops.squeeze(logits, axis=1), ops.squeeze(hidden_states, axis=1), cache
 
     token_ids = sampler(

@@ -156,7 +156,14 @@ class PretrainingModel(keras.Model):
     """A pre-training model of :func:`build_pretraining_model` (MLM, PLM or
     MPNet on one encoder). ``inputs``: ``{"tokens": (B, n) int, "positions":
     (B, n) int}``; output: logits ``(B, b, vocab_size)`` of the last ``b``
-    tokens."""
+    tokens.
+
+    ``n`` is at most ``sequence_length`` (the position table): longer
+    inputs are refused with a ValueError naming the input, its length and
+    the maximum when their static length is known (always on JAX and
+    torch), else when the program runs (a TensorFlow graph's
+    ``InvalidArgumentError``; under XLA, which cannot stop a program, the
+    logits are NaN)."""
 
     def __init__(self, vocab_size, sequence_length, dim=64, num_layers=2, num_heads=4,
                  objective="mpnet", predict_ratio=0.15, mask_token_id=None, attention=None,
@@ -194,9 +201,58 @@ class PretrainingModel(keras.Model):
         self.final_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")
         self.head = keras.layers.Dense(self.vocab_size, name="head")
 
+    def _check_length(self, name, x):
+        """Refuses ``x`` (``(B, n)``) with more tokens than the position
+        table holds (``sequence_length``): a ValueError naming ``name``, the
+        length and the maximum when the static length is known, else a
+        check when the program runs
+        (:func:`keras_longattn.ops.checks.refuse_when`).
+
+        Returns None, or the traced flag where the backend cannot stop a
+        compiled program (XLA on TensorFlow): the caller then returns NaN
+        logits."""
+        message = (
+            f"`{name}` must hold at most {self.sequence_length} tokens "
+            f"(sequence_length, the length of the position table "
+            f"{self.name.replace('{', '{{').replace('}', '}}')} "
+            f"was built for). Received: {name} of length {{value}}"
+        )
+        shape = tuple(x.shape)
+        if len(shape) != 2:
+            raise ValueError(
+                f"`{name}` must have shape (batch, length). Received: {name} "
+                f"with shape {shape}")
+        n = shape[1]
+        if n is not None:
+            if n > self.sequence_length:
+                raise ValueError(message.format(value=n))
+            return None
+        from keras_longattn.ops import checks
+
+        n = ops.shape(x)[1]
+        _, bad = checks.refuse_when(
+            ops.greater(n, self.sequence_length), ops.cast(n, "int32"), message)
+        return bad
+
     def call(self, inputs, training=None):
+        bad = [self._check_length(name, inputs[name]) for name in ("tokens", "positions")]
+        bad = [flag for flag in bad if flag is not None]
+        lengths = (inputs["tokens"].shape[1], inputs["positions"].shape[1])
+        if None not in lengths and lengths[0] != lengths[1]:
+            raise ValueError(
+                "`tokens` and `positions` must have the same length (each "
+                "token's position). Received: tokens of length "
+                f"{lengths[0]}, positions of length {lengths[1]}")
         tokens = ops.cast(inputs["tokens"], "int32")
         positions = ops.cast(inputs["positions"], "int32")
+        if bad:  # XLA on TensorFlow: a table row in range, NaN logits.
+            positions = ops.clip(positions, 0, self.sequence_length - 1)
+        logits = self._logits(tokens, positions, training)
+        for flag in bad:
+            logits = ops.where(flag, ops.cast(float("nan"), logits.dtype), logits)
+        return logits
+
+    def _logits(self, tokens, positions, training):
         b = self.num_predicted
         pos = self.position_embedding(positions)
         mask_vector = self.token_embedding(ops.full((1, 1), self.mask_token_id, "int32"))
@@ -220,13 +276,17 @@ class PretrainingModel(keras.Model):
 
     def encode(self, tokens, training=None):
         """The encoder as a plain bidirectional encoder: ``(B, n)`` tokens
-        in order -> ``(B, n, dim)``."""
+        in order -> ``(B, n, dim)``, ``n`` at most ``sequence_length``."""
+        bad = self._check_length("tokens", tokens)
         tokens = ops.cast(tokens, "int32")
         positions = ops.arange(tokens.shape[1], dtype="int32")[None]
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.encoder_layers:
             x, _ = block(x, training=training)
-        return self.final_norm(x)
+        x = self.final_norm(x)
+        if bad is not None:
+            x = ops.where(bad, ops.cast(float("nan"), x.dtype), x)
+        return x
 
     def get_config(self):
         return {
@@ -255,7 +315,9 @@ def build_pretraining_model(vocab_size, sequence_length, dim=64, num_layers=2, n
     Raises:
         ValueError: an unknown objective, a ``predict_ratio`` outside
             ``(0, 1]``, a ``mask_token_id`` outside the vocabulary, an
-            attention layer without a dense ``attention_mask``.
+            attention layer without a dense ``attention_mask``. Calling the
+            model with more than ``sequence_length`` tokens is a ValueError
+            too (see :class:`PretrainingModel`).
     """
     model = PretrainingModel(vocab_size, sequence_length, dim=dim, num_layers=num_layers,
                              num_heads=num_heads, objective=objective,

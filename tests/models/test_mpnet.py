@@ -105,3 +105,29 @@ def test_bad_arguments():
         build_pretraining_model(V, N, attention={"class_name": "LocalAttention",
                                                  "config": {"num_heads": 2, "key_dim": 8,
                                                             "window": 4}})
+
+
+@pytest.mark.parametrize("objective", ["mlm", "plm", "mpnet"])
+def test_more_tokens_than_the_position_table_are_refused(objective):
+    """More tokens than the model was built for: NaN logits on JAX, raw
+    index errors on torch and TensorFlow, before the check; now a
+    ValueError naming the input, its length and the maximum."""
+    model = build_pretraining_model(V, N, dim=16, num_layers=1, num_heads=2,
+                                    objective=objective, predict_ratio=0.25)
+    long = N + 4
+    inputs = {"tokens": np.zeros((2, long), "int32"),
+              "positions": np.tile(np.arange(long, dtype="int32"), (2, 1))}
+    with pytest.raises(ValueError, match=rf"`tokens` must hold at most {N} tokens"
+                                         rf".*Received: tokens of length {long}"):
+        model(inputs)
+    with pytest.raises(ValueError, match=rf"`positions` must hold at most {N} tokens"
+                                         rf".*Received: positions of length {long}"):
+        model({"tokens": inputs["tokens"][:, :N], "positions": inputs["positions"]})
+    with pytest.raises(ValueError, match=rf"`tokens` must hold at most {N} tokens"):
+        model.encode(inputs["tokens"][:, : N + 1])
+    # Under jax.jit (static shapes), the same error while tracing.
+    if keras.config.backend() == "jax":
+        import jax
+
+        with pytest.raises(ValueError, match=rf"`tokens` must hold at most {N}"):
+            jax.jit(lambda x: model(x))(inputs)
