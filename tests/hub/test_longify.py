@@ -424,11 +424,3 @@ def test_generation_round_trips_through_keras(backbones, tmp_path):
     assert type(loaded) is hub.LongLlamaCausalLM
     np.testing.assert_array_equal(
         loaded.generate(_prompts(), stop_token_ids=None)["token_ids"], expected)
-
-
-def test_generation_needs_a_layer_with_a_cache(backbones):
-    converted = hub.longify(backbones["gpt2"], {"class_name": "NystromAttention",
-                                               "config": {"num_landmarks": 4}})
-    task = _greedy(hub.LongGPT2CausalLM(backbone=converted, preprocessor=None))
-    with pytest.raises(ValueError, match="cannot generate: .*NystromAttention"):
-        task.generate(_prompts(), stop_token_ids=None)

@@ -416,3 +416,25 @@ def test_generate_without_keras_hub_says_how_to_install_it(monkeypatch):
     caches = model.init_caches(B, N)
     logits, _, _ = model.call_with_cache(tokens(length=3), caches, 0)
     assert tuple(logits.shape) == (B, 3, VOCAB)
+
+
+def test_generate_follows_set_weights_and_fit():
+    """The compiled generate function reads the model's current weights:
+    after ``set_weights`` and after ``fit`` it still equals the uncached
+    greedy loop (and the tokens changed)."""
+    model = make_model("local+full")
+    prompt = tokens(length=5, seed=3)
+    before = model.generate(prompt, max_length=N)["token_ids"]
+    rng = np.random.default_rng(1)
+    model.set_weights([w + 0.5 * rng.normal(size=w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    moved = model.generate(prompt, max_length=N)["token_ids"]
+    np.testing.assert_array_equal(moved, greedy_reference(model, prompt, N))
+    assert not np.array_equal(moved, before)
+    data = tokens(length=N + 1, seed=7)
+    model.compile(optimizer=keras.optimizers.Adam(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data[:, :-1], data[:, 1:], epochs=3, verbose=0)
+    trained = model.generate(prompt, max_length=N)["token_ids"]
+    np.testing.assert_array_equal(trained, greedy_reference(model, prompt, N))
+    assert not np.array_equal(trained, moved)
