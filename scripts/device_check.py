@@ -6,11 +6,16 @@ runs them all under time limits):
 * ``correct``: every ``"pallas"`` path (KERAS_BACKEND=jax) or ``"flex"``
   path (KERAS_BACKEND=torch) of the block-sparse layers against the
   ``"reference"`` path on the same weights, float32 and bfloat16, outputs
-  and input gradients. The truth is the reference path in float32 at full
-  matmul precision; a path passes when its error is at most twice the
-  error of the reference path itself in the same dtype at the backend's
-  default precision (the rounding floor of that dtype on that device),
-  or below an absolute floor.
+  and input gradients; on JAX also the ``"cudnn"`` paths (plain windows of
+  Local and Longformer, no padding, float16 and bfloat16). The truth is
+  the reference path in float32 at full matmul precision; a path passes
+  when its error is at most twice the error of the reference path itself
+  in the same dtype at the backend's default precision (the rounding floor
+  of that dtype on that device), or below an absolute floor. The stage
+  records its plan (every case of every path, whatever shard or filter
+  runs) and the hashes of each path's own sources
+  (:data:`keras_longattn.kernels.proven.PATH_SOURCES`), from which
+  ``device_report --prove`` writes the proofs of a complete run.
 * ``bench``: B=1, H=16, d=128, bfloat16, forward+backward of the attention
   core (no projections) at n = 16K, 64K, 128K: full attention (cuDNN on
   JAX, SDPA flash on torch), our Local (causal window 512), Sparse
@@ -132,6 +137,42 @@ def layer_cases():
     ]
 
 
+def cudnn_cases():
+    """The ``"cudnn"`` cases (JAX): plain windows, no padding. A window with
+    keys ahead only where this JAX gives cuDNN a right window."""
+    from keras_longattn import layers as L
+
+    cases = [
+        ("local-causal-cudnn", L.LocalAttention, {"window": 96}, True),
+        ("local-look-back-cudnn", L.LocalAttention,
+         {"window": 96, "look_back": 40, "look_ahead": 0}, False),
+        ("longformer-causal-cudnn", L.LongformerAttention, {"window": 64}, True),
+    ]
+    try:
+        from keras_longattn.kernels.jax import cudnn_window
+
+        if cudnn_window.right_window_supported():
+            cases.append(("local-bidirectional-cudnn", L.LocalAttention, {"window": 96}, False))
+    except Exception:
+        pass
+    return cases
+
+
+#: The dtypes each path is checked in (cuDNN's flash attention takes no
+#: float32).
+PATH_DTYPES = {"pallas": ("float32", "bfloat16"), "flex": ("float32", "bfloat16"),
+               "cudnn": ("bfloat16", "float16")}
+
+
+def planned_cases():
+    """``[(name, cls, kwargs, causal, path, padded)]``: every case of the
+    active backend's paths (``padded``: the calls carry padding masks)."""
+    if BACKEND == "jax":
+        return ([c + ("pallas", True) for c in layer_cases()]
+                + [c + ("cudnn", False) for c in cudnn_cases()])
+    return [c + ("flex", True) for c in layer_cases()]
+
+
 def _inputs(n, F, seed=0):
     import numpy as np
 
@@ -146,17 +187,20 @@ def _inputs(n, F, seed=0):
     return x, w, mask, global_mask
 
 
-def _run_layer(layer, x, w, mask, causal, extra):
-    """Output (real queries) and the input gradient of sum(out * w)."""
+def _run_layer(layer, x, w, mask, causal, extra, padded=True):
+    """Output (real queries) and the input gradient of sum(out * w); the
+    padding masks reach the layer only when ``padded`` (else ``mask`` is
+    all True)."""
     import numpy as np
 
     if BACKEND == "jax":
         import jax
         import jax.numpy as jnp
 
+        masks = {"query_mask": mask, "value_mask": mask} if padded else {}
+
         def loss(x):
-            out = layer(x, x, query_mask=mask, value_mask=mask, use_causal_mask=causal,
-                        **extra)
+            out = layer(x, x, use_causal_mask=causal, **masks, **extra)
             out = out.astype("float32")
             return jnp.sum(jnp.where(mask[..., None], out * w, 0.0)), out
 
@@ -170,7 +214,8 @@ def _run_layer(layer, x, w, mask, causal, extra):
     xt.requires_grad_(True)
     mt = torch.tensor(mask, device=device)
     extra = {k: torch.tensor(v, device=device) for k, v in extra.items()}
-    out = layer(xt, xt, query_mask=mt, value_mask=mt, use_causal_mask=causal, **extra)
+    masks = {"query_mask": mt, "value_mask": mt} if padded else {}
+    out = layer(xt, xt, use_causal_mask=causal, **masks, **extra)
     out = out.float()
     wt = torch.tensor(w, device=device)
     (out * wt * mt[..., None]).sum().backward()
@@ -190,33 +235,37 @@ def _matmul_precision(highest):
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def check_case(name, cls, kwargs, causal, path, n, heads, key_dim):
+def check_case(name, cls, kwargs, causal, path, n, heads, key_dim, padded=True):
+    import numpy as np
+
     from keras_longattn.testing import rel_error
 
     F = heads * key_dim
     x, w, mask, global_mask = _inputs(n, F)
+    if not padded:
+        mask = np.ones_like(mask)
     extra = {"global_mask": global_mask} if "global" in name else {}
     heads = heads + 1 if "routing" in name else heads
     truth_layer = cls(num_heads=heads, key_dim=key_dim, implementation="reference", **kwargs)
     truth_layer(x[:, :64], x[:, :64])
     weights = truth_layer.get_weights()
     _matmul_precision(highest=True)
-    truth = _run_layer(truth_layer, x, w, mask, causal, extra)
+    truth = _run_layer(truth_layer, x, w, mask, causal, extra, padded)
     _matmul_precision(highest=False)
     result = {}
     ok = True
-    for dtype in ("float32", "bfloat16"):
+    for dtype in PATH_DTYPES[path]:
         errors, outputs = {}, {}
         for impl in ("reference", path):
             layer = cls(num_heads=heads, key_dim=key_dim, implementation=impl, dtype=dtype,
                         **kwargs)
             layer(x[:, :64], x[:, :64])
             layer.set_weights(weights)
-            got = outputs[impl] = _run_layer(layer, x, w, mask, causal, extra)
+            got = outputs[impl] = _run_layer(layer, x, w, mask, causal, extra, padded)
             errors[impl] = [rel_error(a, b) for a, b in zip(got, truth)]
             if impl == path:
                 ran = layer.last_implementation
-        floor = 1e-4 if dtype == "float32" else 1e-2
+        floor = 1e-4 if dtype == "float32" else 1e-2  # bfloat16, float16
         limits = [max(2.0 * e, floor) for e in errors["reference"]]
         # Against the reference in the same dtype too: layers whose choices
         # are discrete (routing clusters) make the same choices there.
@@ -233,22 +282,44 @@ def check_case(name, cls, kwargs, causal, path, n, heads, key_dim):
     return result
 
 
+def _path_refusal(path, cls, kwargs, causal, n, heads, key_dim):
+    """Why ``path`` cannot run on this machine at all (None: it can, or
+    only the case's own properties stop it, which the case then reports
+    as an error): a ``"cudnn"`` case on a device without cuDNN."""
+    if path != "cudnn":
+        return None
+    from keras_longattn.kernels.jax import cudnn_window
+
+    return cudnn_window.device_refusal()
+
+
 def stage_correct(shard=0, shards=1):
-    """The cases ``shard, shard + shards, ...`` of :func:`layer_cases` (the
-    shell script runs the shards side by side: compiling dominates)."""
-    path = "pallas" if BACKEND == "jax" else "flex"
+    """The cases ``shard, shard + shards, ...`` of :func:`planned_cases`
+    (the shell script runs the shards side by side: compiling dominates).
+    Every shard records the hashes of the paths' own sources; shard 0 the
+    device and the plan (every case, whatever filter applies)."""
+    from keras_longattn.kernels import proven
+
     n, heads, key_dim = (128, 2, 16) if DRY else (1024, 2, 64)
+    cases = planned_cases()
     if shard == 0:
         record("device", name=device_name(), accelerator=on_accelerator(),
+               vendor=proven.active_vendor(BACKEND),
                python=platform.python_version(), versions=_versions())
-    cases = layer_cases()
+        record("plan", cases=[{"case": c[0], "path": c[4]} for c in cases])
+    for path in sorted({c[4] for c in cases}):
+        record("path_sources", path=path, files=proven.source_hashes(path))
     wanted = (os.environ.get(f"DEVICE_CHECK_CASES_{BACKEND.upper()}")
               or os.environ.get("DEVICE_CHECK_CASES"))
     if wanted:
         cases = [c for c in cases if c[0] in wanted.split(",")]
-    for name, cls, kwargs, causal in cases[shard::shards]:
+    for name, cls, kwargs, causal, path, padded in cases[shard::shards]:
+        reason = _path_refusal(path, cls, kwargs, causal, n, heads, key_dim)
+        if reason is not None:
+            record("correct", status="unavailable", reason=reason, case=name, path=path, n=n)
+            continue
         guarded("correct", lambda: check_case(name, cls, kwargs, causal, path, n, heads,
-                                              key_dim),
+                                              key_dim, padded),
                 case=name, path=path, n=n)
 
 
@@ -373,6 +444,9 @@ def bench_jax_methods(n, B, H, d, only_local=False):
         methods["local_cudnn_window"] = (lambda: lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, local_window_size=(WINDOW - 1, 0),
             implementation="cudnn"), local_pairs(n, WINDOW))
+        # Our layer's "cudnn" path (the same kernel, through the layer).
+        methods["local_cudnn"] = (lambda: _ours(L.LocalAttention, "cudnn", H, d, True,
+                                                window=WINDOW), local_pairs(n, WINDOW))
     methods["local_pallas"] = (lambda: _ours(L.LocalAttention, "pallas", H, d, True,
                                              window=WINDOW), local_pairs(n, WINDOW))
     if only_local:
@@ -503,6 +577,9 @@ def keras_layers_pair(n, H, d, measure):
             num_heads=H, key_dim=d, sliding_window=WINDOW, dtype="bfloat16"),
         "longattn_local_layer": LocalAttention(num_heads=H, key_dim=d, window=WINDOW,
                                                implementation="pallas", dtype="bfloat16"),
+        # What a user gets: the path "auto" picks on this device.
+        "longattn_local_layer_auto": LocalAttention(num_heads=H, key_dim=d, window=WINDOW,
+                                                    dtype="bfloat16"),
     }
     for name, layer in layers.items():
         layer(x[:, :128], x[:, :128], use_causal_mask=True)
@@ -516,8 +593,8 @@ def keras_layers_pair(n, H, d, measure):
             out[name + "_ms"] = t * 1e3
         except Exception as e:
             out[name + "_error"] = f"{type(e).__name__}: {e}"[:500]
-        if name == "longattn_local_layer":
-            out["longattn_local_layer_path"] = layer.last_implementation
+        if name.startswith("longattn_local_layer"):
+            out[name + "_path"] = layer.last_implementation
     return out
 
 

@@ -8,9 +8,18 @@
 # Four stages, each in its own process under its own time limit (seconds,
 # overridable): JAX correctness, torch correctness, JAX timings, torch
 # timings. Every measurement lands at once in $OUT/results.jsonl; the log of
-# each stage in $OUT/log.txt. Summarise on any machine with
-#   python -m keras_longattn.benchmarks.gpu_report $OUT/results.jsonl
-# DEVICE_CHECK_DRY=1 runs the same stages at toy sizes on a CPU.
+# each stage in $OUT/log.txt. At the end the run is summarised into
+# $OUT/summary.json and its proofs written into $OUT/proven.json (a copy of
+# keras_longattn/kernels/proven.json refreshed by this run: a path kind
+# whose every planned case passed is proven for the GPU's vendor on its
+# current sources, one with a failed case loses its proof). To keep them,
+# copy $OUT/results.jsonl to $RUN_FILE (the run file the proofs cite,
+# default docs/benchmarks/device_runs/device-check-DATE.jsonl) and
+# $OUT/proven.json over keras_longattn/kernels/proven.json, and commit both.
+# DEVICE_CHECK_COMMIT names the commit the sources came from (default: git
+# HEAD where there is a checkout). Summarise again on any machine with
+#   python -m keras_longattn.benchmarks.device_report $OUT/results.jsonl
+# DEVICE_CHECK_DRY=1 runs the same stages at toy sizes on a CPU (no proof).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_check_out}
@@ -52,3 +61,11 @@ stage "${LIMIT_TORCH_BENCH:-120}" torch bench
 cat "$OUT"/log-*.txt > "$OUT/log.txt"
 rm -f "$OUT"/log-*.txt
 grep "^===" "$OUT/log.txt" | grep rc=
+# Summary and proofs of this run.
+RUN_FILE=${RUN_FILE:-docs/benchmarks/device_runs/device-check-$(date -u +%Y-%m-%d).jsonl}
+COMMIT=${DEVICE_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}
+cp keras_longattn/kernels/proven.json "$OUT/proven.json"
+KERAS_BACKEND=jax "$PYTHON" -m keras_longattn.benchmarks.device_report "$OUT/results.jsonl" \
+    --write "$OUT/summary.json" --prove "$OUT/proven.json" --run-file "$RUN_FILE" \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee -a "$OUT/log.txt" | grep -E "^(proved|removed|PASS|FAIL)"
+echo "proofs in $OUT/proven.json cite $RUN_FILE: copy $OUT/results.jsonl there to keep them"

@@ -95,7 +95,7 @@ def correctness_table(rows):
                  "status": r.get("status")}
         if r.get("status") == "error":
             entry["error"] = r.get("error")
-        for dtype in ("float32", "bfloat16"):
+        for dtype in ("float32", "bfloat16", "float16"):
             if dtype in r:
                 d = r[dtype]
                 entry[dtype] = {k: d.get(k) for k in (
@@ -155,8 +155,8 @@ def criteria(rows):
 
 
 #: The correctness criterion's name.
-ALL_PATHS = ("every Pallas and Flex path equals the reference (float32, bfloat16, values "
-             "and gradients)")
+ALL_PATHS = ("every Pallas, Flex and cuDNN path equals the reference (float32, bfloat16, "
+             "float16 for cuDNN, values and gradients)")
 
 
 def _all_paths(cases):
@@ -262,43 +262,102 @@ def summarize(rows, commit=None):
     }
 
 
-def proof_entries(rows, commit, check):
-    """``proven.json`` entries of one run: for each backend whose every
-    correctness case passed (one path kind per backend), the device, the
-    date, the versions, ``check`` (what was run), the commit and the
-    package sources the backend's stages imported with one sha256 over the
-    hashes they had on the device (:func:`keras_longattn.kernels.proven.
-    sources_digest` of the same files)."""
-    from keras_longattn.reproductions import provenance
+def planned_cases(rows):
+    """``{(backend, path): [case, ...]}``: the cases the ``correct`` stage
+    planned (its ``plan`` lines: every case of the check, whatever shard or
+    filter ran), in order."""
+    plan = {}
+    for r in rows:
+        if r.get("kind") != "plan":
+            continue
+        for c in r.get("cases") or []:
+            names = plan.setdefault((r["backend"], c["path"]), [])
+            if c["case"] not in names:
+                names.append(c["case"])
+    return plan
 
-    device = _device(rows)
-    entries = []
-    for backend in sorted({r["backend"] for r in rows if r.get("kind") == "correct"}):
-        cases = [c for c in correctness_table(rows) if c["backend"] == backend]
-        kinds = {c["path"] for c in cases}
-        if not cases or any(c["status"] != "pass" for c in cases) or len(kinds) != 1:
+
+def proof_entries(rows, commit, check, run_files=None):
+    """The ``proven.json`` entries one run proves, and those it voids:
+    ``(entries, voided)``.
+
+    A path kind on a backend is proven when the run was on an accelerator
+    of a known vendor and every case the ``correct`` stage planned for it
+    (:func:`planned_cases`) passed in this run: an incomplete run (a case
+    cut off by a time limit, filtered out, or unavailable) proves nothing.
+    The proof records the vendor, the device, the date, the versions,
+    ``check`` (what was run), ``run_files`` (where the run's results are
+    committed), the commit and the path's own sources
+    (:data:`keras_longattn.kernels.proven.PATH_SOURCES`) with the hashes the
+    stage recorded for them on the device (its ``path_sources`` lines,
+    which must agree across the stage's processes). ``voided``: the
+    ``(backend, vendor, kind)`` of every path with a failed case (its proof
+    for that vendor is removed)."""
+    from keras_longattn.kernels import proven
+
+    devices = {}
+    for r in rows:
+        if r.get("kind") == "device":
+            devices.setdefault(r["backend"], r)
+    cases = correctness_table(rows)
+    entries, voided = [], []
+    for (backend, kind), planned in sorted(planned_cases(rows).items()):
+        device = devices.get(backend) or {}
+        vendor = device.get("vendor") or proven.vendor_of(device.get("name"))
+        if not device.get("accelerator") or vendor is None or any(r.get("dry") for r in rows):
             continue
-        files = {}
-        for r in rows:
-            if r.get("kind") == "provenance" and r.get("backend") == backend:
-                files.update(r.get("source_files") or {})
-        if not files:
+        mine = {c["case"]: c for c in cases if c["backend"] == backend and c["path"] == kind}
+        if any(c["status"] in ("fail", "error") for c in mine.values()):
+            voided.append((backend, vendor, kind))
             continue
-        versions = (device.get("versions") or {})
+        if kind not in proven.PATH_SOURCES or not planned or any(
+                mine.get(name, {}).get("status") != "pass" for name in planned):
+            continue
+        recorded = [r.get("files") for r in rows if r.get("kind") == "path_sources"
+                    and r.get("backend") == backend and r.get("path") == kind]
+        if not recorded or any(files != recorded[0] for files in recorded):
+            continue
+        files = dict(sorted(recorded[0].items()))
+        if set(files) != set(proven.PATH_SOURCES[kind]) or "missing" in files.values():
+            continue
+        versions = device.get("versions") or {}
         entries.append({
             "backend": backend,
-            "device": device.get("name"),
-            "kind": kinds.pop(),
+            "vendor": vendor,
+            "kind": kind,
+            "devices": [device.get("name")],
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             "software": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
             "check": check,
-            "cases": [c["case"] for c in cases],
-            "commits": [commit],
-            "results": "docs/benchmarks/gpu_results.json",
-            "sources": {"paths": sorted(files),
-                        "sha256": provenance.combined_hash(dict(sorted(files.items())))},
+            "cases": list(planned),
+            "runs": list(run_files or []),
+            "commit": commit,
+            "sources": files,
         })
-    return entries
+    return entries, voided
+
+
+def merge_proofs(old, new, voided=()):
+    """``proven.json``'s entries after a run: each new entry replaces the
+    old one of its backend, vendor and kind (keeping the old devices where
+    the sources are the same); entries ``voided`` are removed."""
+    key = lambda e: (e["backend"], e["vendor"], e["kind"])  # noqa: E731
+    gone = set(map(tuple, voided))
+    fresh = {key(e): e for e in new}
+    out = []
+    for e in old:
+        k = key(e)
+        if k in gone:
+            continue
+        if k in fresh:
+            entry = fresh.pop(k)
+            if entry["sources"] == e.get("sources"):
+                entry["devices"] = sorted(set(e.get("devices") or []) | set(entry["devices"]))
+            out.append(entry)
+        else:
+            out.append(e)
+    out.extend(fresh.values())
+    return out
 
 
 def _git_commit():
@@ -318,8 +377,13 @@ def main(argv=None):
     parser.add_argument("--commit", action="append",
                         help="commit each run ran on, in the same order (default: HEAD)")
     parser.add_argument("--prove", metavar="PROVEN_JSON",
-                        help="replace this proven.json's entries of the device with those of "
-                             "the last run's backends whose every case passed")
+                        help="write into this proven.json the proofs of the last run: an entry "
+                             "for each path kind whose every planned case passed (replacing "
+                             "the entry of its backend, vendor and kind), none left for a kind "
+                             "with a failed case")
+    parser.add_argument("--run-file", action="append",
+                        help="where the last run's results.jsonl is committed in the "
+                             "repository (the proofs cite it; default: the path given)")
     args = parser.parse_args(argv)
     commits = args.commit or [_git_commit()] * len(args.results)
     if len(commits) != len(args.results):
@@ -329,17 +393,19 @@ def main(argv=None):
                               for path, commit in zip(args.results, commits)])
     if args.prove:
         rows = load(args.results[-1])
-        new = proof_entries(rows, commits[-1], (
-            "scripts/device_check.py correct: the cases of layer_cases(), float32 and "
-            "bfloat16, outputs and input gradients against the reference path"))
+        new, voided = proof_entries(rows, commits[-1], (
+            "scripts/device_check.sh correct stage: every planned case, outputs and input "
+            "gradients against the reference path (float32 and bfloat16; cuDNN: float16 and "
+            "bfloat16)"), run_files=args.run_file or [args.results[-1]])
         path = Path(args.prove)
         old = json.loads(path.read_text()) if path.is_file() else []
-        replaced = {(e["backend"], e["device"], e["kind"]) for e in new}
-        kept = [e for e in old if (e["backend"], e["device"], e["kind"]) not in replaced]
-        path.write_text(json.dumps(kept + new, indent=1) + "\n")
+        path.write_text(json.dumps(merge_proofs(old, new, voided), indent=1) + "\n")
         for e in new:
-            print(f"proved {e['kind']} on {e['device']} ({e['backend']}): "
-                  f"{len(e['cases'])} cases", file=sys.stderr)
+            print(f"proved {e['kind']} on {e['vendor']} GPUs ({e['backend']}, "
+                  f"{e['devices'][0]}): {len(e['cases'])} cases", file=sys.stderr)
+        for backend, vendor, kind in voided:
+            print(f"removed the proof of {kind} on {vendor} GPUs ({backend}): a case failed",
+                  file=sys.stderr)
     text = json.dumps(summary, indent=1, default=str)
     if args.write:
         Path(args.write).write_text(text + "\n")

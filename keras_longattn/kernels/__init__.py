@@ -40,6 +40,17 @@ backend without its own entry gets):
   ``kernels/jax/pallas_attention.py`` on JAX), where
   ``block_sparse_refusal()`` is None (the portable table refuses); the
   layers reach it through :mod:`keras_longattn.ops.block_sparse`;
+* ``window_attention(query, key, value, look_back, look_ahead, causal,
+  scale)``: a plain sliding window (query ``i`` against keys ``i -
+  look_back .. i + look_ahead``) of ``(B, T, H, d)`` heads, no padding, in
+  cuDNN's fused kernel (``kernels/jax/cudnn_window.py``: JAX on an NVIDIA
+  GPU), where ``window_attention_refusal(dtype, query_length, key_length,
+  key_dim, value_dim, look_back, look_ahead, causal, key_padding)`` is
+  None (the portable table refuses every call);
+* ``probe(fn, args)``: where the backend compiles a path later than the
+  Python call that traces it (JAX under ``jax.jit``), compiles ``fn(*args)``
+  now, forward and backward, and raises what compiling raises (the
+  fallback of :mod:`keras_longattn.layers.dispatch`); elsewhere nothing;
 * ``refuse_at_run_time(bad, value, message)``: raise ``message`` (with
   ``{value}`` filled in) when the traced boolean scalar ``bad`` turns out
   True while a compiled function runs; returns ``(value, refused)``: the
@@ -59,10 +70,12 @@ backend without its own entry gets):
   softmax, which XLA fuses; ``"fused"``: ``keras.ops.dot_product_attention``
   on block layouts; ``"pallas"``: the block-sparse Pallas kernel of
   ``kernels/jax/pallas_attention.py``; ``"flex"``: PyTorch's
-  FlexAttention). A kind missing from a backend's order is never chosen by
-  ``"auto"`` there (only by name): the JAX table lists ``"pallas"`` first
-  on GPU/TPU and not at all on the CPU, where Pallas only interprets; no
-  table lists ``"flex"``.
+  FlexAttention; ``"cudnn"``: cuDNN's sliding window). A kind missing from
+  a backend's order is never chosen by ``"auto"`` there (only by name).
+  The accelerator kinds (``"cudnn"``, ``"pallas"``, ``"flex"``) are listed
+  first only on a GPU/TPU of a vendor for which a device run proved them
+  on the path's current sources (:mod:`keras_longattn.kernels.proven`),
+  never on the CPU, where Pallas only interprets.
 """
 
 import functools
@@ -73,7 +86,11 @@ from keras import ops
 
 #: Kinds of implementation a layer declares (see
 #: :class:`keras_longattn.layers.Implementation`).
-IMPLEMENTATION_KINDS = ("explicit", "fused", "pallas", "flex")
+IMPLEMENTATION_KINDS = ("explicit", "fused", "pallas", "flex", "cudnn")
+#: The kinds that run a device's own kernels, which ``"auto"`` tries only
+#: where a device run proved them (:mod:`keras_longattn.kernels.proven`),
+#: and falls back from when they fail to compile or launch.
+ACCELERATOR_KINDS = ("pallas", "flex", "cudnn")
 
 
 class BackendOps:
@@ -214,6 +231,30 @@ class BackendOps:
         Only where :meth:`block_sparse_refusal` is None (the arguments are
         those of :func:`keras_longattn.kernels.jax.pallas_attention.block_sparse_attention`)."""
         raise NotImplementedError(self.block_sparse_refusal())
+
+    def window_attention_refusal(self, dtype, query_length, key_length, key_dim, value_dim,
+                                 look_back, look_ahead, causal, key_padding):
+        """Why :meth:`window_attention` cannot run a call (None: it can):
+        its compute ``dtype``, lengths, head sizes, window extents, whether
+        it is causal and whether it has a key padding mask."""
+        return (
+            "cuDNN's sliding-window attention needs the JAX backend on an NVIDIA GPU "
+            f"(KERAS_BACKEND=jax); the active backend is {self.name!r}"
+        )
+
+    def window_attention(self, query, key, value, look_back, look_ahead, causal, scale):
+        """Query ``i`` of ``(B, T, H, d)`` heads against keys ``i -
+        look_back .. i + look_ahead`` (and ``<= i`` when ``causal``), no
+        padding, in cuDNN's fused kernel; only where
+        :meth:`window_attention_refusal` is None."""
+        raise NotImplementedError(self.window_attention_refusal(
+            None, None, None, None, None, look_back, look_ahead, causal, False))
+
+    def probe(self, fn, args):
+        """Compiles ``fn(*args)`` where the backend would compile it only
+        after the call returns (nothing here: the portable backends
+        compile, or fail, while the path runs)."""
+        return None
 
     def strided_attention(self, q, k, v, stride, causal, window_heads, scale):
         """The Sparse Transformer's strided pattern (heads ``[0,

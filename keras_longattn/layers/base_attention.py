@@ -13,6 +13,7 @@ from keras_longattn._validation import non_negative_int as _non_negative_int
 from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.ops import checks as la_checks
+from keras_longattn.layers import dispatch as la_dispatch
 from keras_longattn.layers.dispatch import auto_preference as dispatch_auto_preference
 from keras_longattn.layers.dispatch import collect_implementations
 
@@ -450,7 +451,11 @@ class BaseAttention(keras.layers.Layer):
         candidates = self.auto_order() if requested == "auto" else (requested,)
         reasons = []
         for name in candidates:
-            reason = self._implementation_table[name].refusal(self, context)
+            # A path that failed to compile or launch here is not tried
+            # again by "auto" (see layers/dispatch.py).
+            reason = (la_dispatch.path_failure(self, name) if requested == "auto" else None)
+            if reason is None:
+                reason = self._implementation_table[name].refusal(self, context)
             if reason is None:
                 return name
             reasons.append(f"{name}: {reason}")
@@ -504,8 +509,9 @@ class BaseAttention(keras.layers.Layer):
         )
 
     def implementation_kind(self, name):
-        """The kind (``"explicit"``, ``"fused"`` or ``"pallas"``) of implementation
-        ``name``; ``"reference"`` for the reference path."""
+        """The kind (``"explicit"``, ``"fused"``, ``"pallas"``, ``"flex"``,
+        ``"cudnn"`` or ``"context_parallel"``) of implementation ``name``;
+        ``"reference"`` for the reference path."""
         if name == "reference":
             return "reference"
         return self._implementation_table[name].kind
@@ -639,17 +645,28 @@ class BaseAttention(keras.layers.Layer):
         return out
 
     def _dispatch(self, q, k, v, context):
-        name = self._select(context)
-        if name == "reference":
-            if self.implementation == "auto" and not context.return_scores:
-                self._warn_reference_fallback(context)
-            result = self._attention_reference(q, k, v, context)
-            ran = name
-        else:
+        while True:
+            name = self._select(context)
+            if name == "reference":
+                if self.implementation == "auto" and not context.return_scores:
+                    self._warn_reference_fallback(context)
+                result = self._attention_reference(q, k, v, context)
+                ran = name
+                break
             path = self._implementation_table[name]
-            result = path.run(self, q, k, v, context)
+            if self.implementation == "auto" and la_dispatch.is_accelerator(path):
+                # An accelerator path "auto" chose that fails to compile or
+                # launch: one warning, then the next path "auto" takes.
+                try:
+                    result = la_dispatch.run_accelerated(self, path, q, k, v, context)
+                except Exception as error:
+                    la_dispatch.record_failure(self, path, error)
+                    continue
+            else:
+                result = path.run(self, q, k, v, context)
             variant = path.variant(self, context)
             ran = name if variant is None else f"{name}:{variant}"
+            break
         self.last_implementation = ran
         return result
 

@@ -18,9 +18,25 @@ tries the kinds on each backend is one table,
 :attr:`keras_longattn.kernels.BackendOps.auto_preference`
 (:func:`auto_preference`). This is the only module of the layers that reads
 the backend table; the layers' paths reach the kernels through
-:mod:`keras_longattn.ops`.
+:mod:`keras_longattn.ops`, the ``"cudnn"`` paths through
+:func:`window_kernel_attention` here.
 
-A fifth kind, ``"context_parallel"``, runs a call with the sequence split
+``"cudnn"`` paths run a plain sliding window in cuDNN's fused attention
+(JAX on NVIDIA GPUs: :func:`window_kernel_attention`, refused elsewhere
+with :func:`window_kernel_refusal`). ``"auto"`` tries the accelerator
+kinds (``"cudnn"``, ``"pallas"``, ``"flex"``:
+:data:`keras_longattn.kernels.ACCELERATOR_KINDS`) first, and only on a GPU
+of a vendor for which a device run proved them
+(:mod:`keras_longattn.kernels.proven`). When such a path, chosen by
+``"auto"``, fails to compile or launch (it raises while it runs, or while
+:meth:`keras_longattn.kernels.BackendOps.probe` compiles it under
+``jax.jit``), the call falls back to the next path ``"auto"`` would take,
+with one warning per layer class and path naming the error, and
+``"auto"`` does not try that path for that layer class again in the
+process (:func:`run_accelerated`, :func:`path_failure`). A path named by
+the user raises instead.
+
+A further kind, ``"context_parallel"``, runs a call with the sequence split
 across the devices of a :class:`keras_longattn.parallel.ContextParallel`
 distribution (JAX only): ``"auto"`` tries it first while such a
 distribution is in scope (``keras.distribution.distribution()``) and never
@@ -48,6 +64,9 @@ order of preference within a kind::
             return None
 """
 
+import warnings
+
+from keras_longattn.kernels import ACCELERATOR_KINDS
 from keras_longattn.kernels import IMPLEMENTATION_KINDS
 from keras_longattn.kernels import backend_ops
 from keras_longattn.ops import paths as la_paths
@@ -69,6 +88,81 @@ def pallas_refusal():
     JAX, where it compiles on GPU/TPU and is interpreted on the CPU):
     :func:`keras_longattn.ops.paths.refusal` of ``"block_sparse"``."""
     return la_paths.refusal("block_sparse")
+
+
+def window_kernel_refusal(dtype, query_length, key_length, key_dim, value_dim, look_back,
+                          look_ahead, causal, key_padding):
+    """Why a ``"cudnn"`` path cannot run a plain window (query ``i``
+    against keys ``i - look_back .. i + look_ahead``) on the active backend
+    (None: it can):
+    :meth:`keras_longattn.kernels.BackendOps.window_attention_refusal`
+    (JAX: ``kernels/jax/cudnn_window.py``)."""
+    return backend_ops().window_attention_refusal(
+        dtype, query_length, key_length, key_dim, value_dim, look_back, look_ahead,
+        bool(causal), bool(key_padding))
+
+
+def window_kernel_attention(query, key, value, look_back, look_ahead, causal, scale):
+    """The plain window of ``(B, T, H, d)`` heads in cuDNN's fused kernel
+    (:meth:`keras_longattn.kernels.BackendOps.window_attention`); only
+    where :func:`window_kernel_refusal` is None."""
+    return backend_ops().window_attention(query, key, value, look_back, look_ahead,
+                                          bool(causal), scale)
+
+
+#: ``{(layer class name, path name): "ErrorType: message"}``: accelerator
+#: paths that failed to compile or launch in this process.
+_FAILED = {}
+
+
+def path_failure(layer, name):
+    """Why ``"auto"`` no longer tries path ``name`` of ``layer``'s class
+    (the error it raised earlier in this process), or None."""
+    error = _FAILED.get((type(layer).__name__, name))
+    if error is None:
+        return None
+    return f"failed on this device earlier in this process ({error})"
+
+
+def forget_failures():
+    """Lets ``"auto"`` try again the paths that failed (tests, or after
+    fixing a device setting)."""
+    _FAILED.clear()
+
+
+def run_accelerated(layer, path, query, key, value, context):
+    """Runs ``path`` (an accelerator kind, chosen by ``"auto"``): compiles
+    it first where the backend compiles later than the call
+    (:meth:`keras_longattn.kernels.BackendOps.probe`), then runs it.
+    Returns the output, or raises what compiling or running raised."""
+    backend_ops().probe(lambda q, k, v: path.run(layer, q, k, v, context), (query, key, value))
+    return path.run(layer, query, key, value, context)
+
+
+def record_failure(layer, path, error):
+    """Records that ``path`` failed for ``layer``'s class with ``error`` and
+    warns once (per layer class and path) that ``"auto"`` falls back."""
+    key = (type(layer).__name__, path.name)
+    if key in _FAILED:
+        return
+    text = f"{type(error).__name__}: {error}"
+    if len(text) > 1000:
+        text = text[:1000] + " ..."
+    _FAILED[key] = text
+    warnings.warn(
+        f"{type(layer).__name__} with implementation='auto': the {path.kind!r} path "
+        f"{path.name!r} failed to compile or run on this device ({text}). This call and "
+        f"later ones run the next path 'auto' picks (the portable paths), and 'auto' does "
+        f"not try {path.name!r} for {type(layer).__name__} again in this process. Name "
+        f"implementation={path.name!r} to see the error raised instead.",
+        stacklevel=4,
+    )
+
+
+def is_accelerator(path):
+    """Whether ``path`` is of an accelerator kind (see
+    :data:`keras_longattn.kernels.ACCELERATOR_KINDS`)."""
+    return path.kind in ACCELERATOR_KINDS
 
 
 def auto_preference():
@@ -183,8 +277,9 @@ class Implementation:
             output ``(B, T, H, dv)`` of projected heads.
         name: the value of the layer's ``implementation`` argument that
             selects it.
-        kind: ``"explicit"``, ``"fused"``, ``"pallas"``, ``"flex"`` or
-            ``"context_parallel"`` (see the module docstring).
+        kind: ``"explicit"``, ``"fused"``, ``"pallas"``, ``"flex"``,
+            ``"cudnn"`` or ``"context_parallel"`` (see the module
+            docstring).
         dropout: whether the path applies attention dropout; a path that
             does not refuses calls with dropout active in training.
     """

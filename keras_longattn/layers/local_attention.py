@@ -12,6 +12,8 @@ from keras_longattn.layers.dispatch import context_parallel_axes
 from keras_longattn.layers.dispatch import context_parallel_devices
 from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
+from keras_longattn.layers.dispatch import window_kernel_attention
+from keras_longattn.layers.dispatch import window_kernel_refusal
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -33,7 +35,12 @@ class LocalAttention(BaseAttention):
     same band in one block-sparse flash-attention kernel
     (``kernels/jax/pallas_attention.py``): chosen by ``"auto"`` on GPU/TPU,
     interpreted (slowly, for tests) on the CPU; no attention dropout.
-    ``"flex"`` (PyTorch only, by name) runs the band in FlexAttention
+    ``"cudnn"`` (JAX on NVIDIA GPUs) runs a plain window in cuDNN's fused
+    flash attention (``jax.nn.dot_product_attention(local_window_size=)``):
+    float16/bfloat16, equal query and key lengths, no key padding mask, a
+    window with keys ahead only where JAX gives cuDNN a right window;
+    ``"auto"`` tries it first, before ``"pallas"``, where a device run
+    proved it. ``"flex"`` (PyTorch only, by name) runs the band in FlexAttention
     (``torch.nn.attention.flex_attention``), its block mask and mask from
     the same ``LocalPattern``; no attention dropout, and on the CPU forward
     only (see the fast paths guide). ``"context_parallel"`` (JAX, under a
@@ -61,7 +68,8 @@ class LocalAttention(BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"blocked_fused"``, ``"band_kernel"``,
-            ``"pallas"`` (JAX, see the fast paths guide), ``"flex"``
+            ``"pallas"`` (JAX, see the fast paths guide), ``"cudnn"`` (JAX
+            on NVIDIA GPUs, see above), ``"flex"``
             (PyTorch's FlexAttention), ``"context_parallel"`` (see above) or
             ``"reference"``; ``"band_kernel"`` is the backend's own
             band kernel, PyTorch on the CPU only, float32, equal query and
@@ -199,6 +207,25 @@ class LocalAttention(BaseAttention):
     @_flex.refuses
     def _flex(self, context):
         return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
+
+    @implementation("cudnn", kind="cudnn", dropout=False)
+    def _cudnn(self, query, key, value, context):
+        """The plain window in cuDNN's fused flash attention (JAX on NVIDIA
+        GPUs: ``jax.nn.dot_product_attention(implementation="cudnn",
+        local_window_size=...)``, ``kernels/jax/cudnn_window.py``), tried
+        first by ``"auto"`` where a device run proved it; no padding masks,
+        no attention dropout."""
+        look_back, look_ahead = self.extents(context.causal)
+        return window_kernel_attention(query, key, value, look_back, look_ahead,
+                                       context.causal, self._inverse_sqrt_key_dim)
+
+    @_cudnn.refuses
+    def _cudnn(self, context):
+        look_back, look_ahead = self.extents(context.causal)
+        return window_kernel_refusal(
+            self.compute_dtype, context.query_length, context.key_length, self.key_dim,
+            self.value_dim or self.key_dim, look_back, look_ahead, context.causal,
+            context.padding.key_mask is not None)
 
     @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
     def _context_parallel(self, query, key, value, context):

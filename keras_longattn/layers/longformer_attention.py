@@ -16,6 +16,8 @@ from keras_longattn.layers.dispatch import context_parallel_devices
 from keras_longattn.layers.dispatch import context_parallel_refusal
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
+from keras_longattn.layers.dispatch import window_kernel_attention
+from keras_longattn.layers.dispatch import window_kernel_refusal
 from keras_longattn.ops import longformer as la_longformer
 
 #: Names of the global projections, built after MultiHeadAttention's four.
@@ -70,6 +72,10 @@ class LongformerAttention(LongformerDecoding, BaseAttention):
     ``"pallas"`` (JAX only; preferred by ``"auto"`` on GPU/TPU, interpreted
     on the CPU; no attention dropout) runs the three parts in the
     block-sparse Pallas kernel, the window on tokens sorted by residue.
+    ``"cudnn"`` (JAX on NVIDIA GPUs) runs a plain window (no global tokens,
+    dilation 1) in cuDNN's fused flash attention: float16/bfloat16, no key
+    padding mask, and (JAX giving cuDNN a left window only) causal calls;
+    ``"auto"`` tries it first where a device run proved it.
     ``"flex"`` (PyTorch only, by name; no attention dropout, and on the
     CPU forward only) runs them in FlexAttention
     (``torch.nn.attention.flex_attention``): per dilation the window on
@@ -123,7 +129,7 @@ class LongformerAttention(LongformerDecoding, BaseAttention):
             :class:`keras_longattn.layers.BaseAttention` (those of
             ``keras.layers.MultiHeadAttention``, and ``implementation``:
             ``"auto"``, ``"blocked"``, ``"band_kernel"``, ``"blocked_fused"``,
-            ``"pallas"``, ``"flex"``, ``"context_parallel"`` or
+            ``"pallas"``, ``"cudnn"``, ``"flex"``, ``"context_parallel"`` or
             ``"reference"``; ``"band_kernel"`` is the backend's band kernel with the global keys in the same softmax,
             PyTorch on the CPU only, float32, dilation 1, equal query and
             key lengths, preferred by ``"auto"`` there).
@@ -510,6 +516,28 @@ class LongformerAttention(LongformerDecoding, BaseAttention):
     @_flex.refuses
     def _flex(self, context):
         return la_ops.paths.refusal("flex", self.compute_dtype, trainable=self.trainable)
+
+    @implementation("cudnn", kind="cudnn", dropout=False)
+    def _cudnn(self, query, key, value, context):
+        """A plain window (no global tokens, dilation 1) in cuDNN's fused
+        flash attention (JAX on NVIDIA GPUs, ``kernels/jax/cudnn_window.py``),
+        tried first by ``"auto"`` where a device run proved it."""
+        look_back, look_ahead = la_longformer.window_extents(self.window, context.causal)
+        return window_kernel_attention(query, key, value, look_back, look_ahead,
+                                       context.causal, self._inverse_sqrt_key_dim)
+
+    @_cudnn.refuses
+    def _cudnn(self, context):
+        if any(r != 1 for r in self.dilations):
+            return (f"dilated windows (dilation={list(self.dilations)}) are not a plain "
+                    "window")
+        if self.global_tokens or getattr(context, "global_slots", None) is not None:
+            return "global tokens are not in a plain window"
+        look_back, look_ahead = la_longformer.window_extents(self.window, context.causal)
+        return window_kernel_refusal(
+            self.compute_dtype, context.query_length, context.key_length, self.key_dim,
+            self.value_dim or self.key_dim, look_back, look_ahead, context.causal,
+            context.padding.key_mask is not None)
 
     @implementation("context_parallel", kind=CONTEXT_PARALLEL, dropout=False)
     def _context_parallel(self, query, key, value, context):

@@ -82,18 +82,22 @@ def test_unchecked_cases_are_not_passes():
 
 
 def test_proven_entries_are_backed_by_the_committed_check():
-    """Each path kind the proven table lists for a device passed every case
-    of that backend in the committed device check on that device."""
+    """Each proof of the proven table cites committed runs of the device
+    check on its devices in which every case of its path passed (see also
+    tests/kernels/test_trust_48.py)."""
     from pathlib import Path
 
     from keras_longattn.kernels import proven
 
-    results = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "gpu_results.json"
-    summary = json.loads(results.read_text())
+    root = Path(__file__).resolve().parents[2]
     assert proven.PROVEN, "the table is loaded from proven.json"
-    for (backend, device), kinds in proven.PROVEN.items():
-        assert summary["device"] == device
-        cases = [c for c in summary["correctness"] if c["backend"] == backend]
-        for kind in kinds:
-            mine = [c for c in cases if c["path"] == kind]
-            assert mine and all(c["status"] == "pass" for c in mine), (backend, kind)
+    for (backend, vendor), kinds in proven.PROVEN.items():
+        for kind, entry in kinds.items():
+            rows = [r for name in entry["runs"] for r in dr.load(root / name)]
+            names = {r["name"] for r in rows if r.get("kind") == "device"
+                     and r["backend"] == backend}
+            assert names and names <= set(entry["devices"]), (backend, kind, names)
+            cases = {c["case"]: c["status"] for c in dr.correctness_table(rows)
+                     if c["backend"] == backend and c["path"] == kind}
+            assert sorted(cases) == sorted(entry["cases"]), (backend, kind)
+            assert set(cases.values()) == {"pass"}, (backend, kind)

@@ -486,23 +486,22 @@ def test_not_chosen_by_auto():
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the flex path is torch's")
 def test_auto_tries_flex_only_where_a_device_proved_it(monkeypatch):
-    """"auto" puts the flex path first only on a CUDA device kind in the
-    proven table (or named by the trust variable), never on the CPU."""
+    """"auto" puts the flex path first only on a GPU of a vendor with a
+    current proof (or named by the trust variable), never on the CPU."""
     from keras_longattn.kernels import proven
 
     layer = LocalAttention(num_heads=2, key_dim=8, window=4)
     assert "flex" not in layer.auto_order()
-    monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
+    monkeypatch.setattr(proven, "active_vendor", lambda backend: "testvendor")
     monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
     assert "flex" not in layer.auto_order()
-    paths = ["keras_longattn/kernels/torch/flex.py"]
-    monkeypatch.setitem(proven.PROVEN, ("torch", "Test GPU 9000"), {"flex": {
-        "sources": {"paths": paths, "sha256": proven.sources_digest(paths)}}})
+    monkeypatch.setitem(proven.PROVEN, ("torch", "testvendor"), {"flex": {
+        "sources": proven.source_hashes("flex")}})
     assert layer.auto_order()[0] == "flex"
-    monkeypatch.delitem(proven.PROVEN, ("torch", "Test GPU 9000"))
+    monkeypatch.delitem(proven.PROVEN, ("torch", "testvendor"))
     monkeypatch.setenv(proven.TRUST_VARIABLE, "flex")
     assert layer.auto_order()[0] == "flex"
-    monkeypatch.setattr(proven, "active_device_kind", lambda backend: None)
+    monkeypatch.setattr(proven, "active_vendor", lambda backend: None)
     assert "flex" not in layer.auto_order()
 
 

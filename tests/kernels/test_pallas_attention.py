@@ -414,30 +414,30 @@ def test_auto_never_picks_pallas_on_cpu():
 @jax_only
 def test_auto_tries_pallas_only_where_a_device_proved_it(monkeypatch):
     """On an accelerator, "auto" puts the Pallas path first only for a
-    device kind in the proven table (or named by the trust variable)."""
+    vendor with a current proof (or where the trust variable names it).
+    The trust rules in full: tests/kernels/test_trust_48.py."""
     from keras_longattn.kernels import proven
 
     layer = LocalAttention(num_heads=2, key_dim=8, window=4)
-    monkeypatch.setattr(proven, "active_device_kind", lambda backend: "Test GPU 9000")
+    monkeypatch.setattr(proven, "active_vendor", lambda backend: "testvendor")
+    monkeypatch.setattr(proven, "_WARNED", set())
     monkeypatch.delenv(proven.TRUST_VARIABLE, raising=False)
     assert "pallas" not in layer.auto_order()
-    paths = ["keras_longattn/ops/layouts.py", "keras_longattn/kernels/jax/pallas_attention.py"]
-    current = {"paths": paths, "sha256": proven.sources_digest(paths)}
-    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"),
-                        {"pallas": {"date": "2026-11-26", "sources": current}})
+    current = {"sources": proven.source_hashes("pallas")}
+    monkeypatch.setitem(proven.PROVEN, ("jax", "testvendor"), {"pallas": current})
     assert layer.auto_order()[0] == "pallas"
     # A proof whose sources changed since is not relied on (and says so).
-    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"),
-                        {"pallas": {"sources": dict(current, sha256="0" * 64)}})
-    with pytest.warns(UserWarning, match="changed since"):
+    stale = dict(current["sources"], **{"keras_longattn/ops/layouts.py": "0" * 64})
+    monkeypatch.setitem(proven.PROVEN, ("jax", "testvendor"), {"pallas": {"sources": stale}})
+    with pytest.warns(UserWarning, match="not today's"):
         assert "pallas" not in layer.auto_order()
-    monkeypatch.setitem(proven.PROVEN, ("jax", "Test GPU 9000"), {"pallas": {"sources": current}})
+    monkeypatch.setitem(proven.PROVEN, ("jax", "testvendor"), {"pallas": current})
     assert layer.select_implementation(use_causal_mask=True) == "pallas"
-    monkeypatch.delitem(proven.PROVEN, ("jax", "Test GPU 9000"))
+    monkeypatch.delitem(proven.PROVEN, ("jax", "testvendor"))
     monkeypatch.setenv(proven.TRUST_VARIABLE, "pallas")
     assert layer.auto_order()[0] == "pallas"
     # Never on the CPU, whatever the variable says.
-    monkeypatch.setattr(proven, "active_device_kind", lambda backend: None)
+    monkeypatch.setattr(proven, "active_vendor", lambda backend: None)
     assert "pallas" not in layer.auto_order()
 
 

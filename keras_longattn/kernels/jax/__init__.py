@@ -1,9 +1,21 @@
 """JAX entries of the backend table (see :mod:`keras_longattn.kernels`)."""
 
 import jax
+import jax.numpy as jnp
 from keras import ops
 
 from keras_longattn.kernels import BackendOps
+
+
+#: Programs :meth:`JaxOps.probe` compiled (their jaxpr text and argument
+#: shapes).
+_PROBED = set()
+
+
+def _spec(x):
+    """The shape, dtype and weak type of ``x`` (an array or a tracer)."""
+    aval = jax.typeof(x) if hasattr(jax, "typeof") else jax.core.get_aval(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 class JaxOps(BackendOps):
@@ -25,17 +37,71 @@ class JaxOps(BackendOps):
             query, key, value, layout, predicate=predicate, q_pos=q_pos, k_pos=k_pos,
             k_valid=k_valid, scale=scale)
 
+    def window_attention_refusal(self, dtype, query_length, key_length, key_dim, value_dim,
+                                 look_back, look_ahead, causal, key_padding):
+        # cuDNN's sliding window (kernels/jax/cudnn_window.py).
+        from keras_longattn.kernels.jax import cudnn_window
+
+        return cudnn_window.refusal(dtype, query_length, key_length, key_dim, value_dim,
+                                    look_back, look_ahead, causal, key_padding)
+
+    def window_attention(self, query, key, value, look_back, look_ahead, causal, scale):
+        from keras_longattn.kernels.jax import cudnn_window
+
+        return cudnn_window.window_attention(query, key, value, look_back, look_ahead,
+                                             causal, scale)
+
     @property
     def auto_preference(self):
-        """The Pallas kernel first on a GPU/TPU kind where a device run has
-        proven it (:mod:`keras_longattn.kernels.proven`); never on the CPU,
-        where Pallas only interprets (slowly: tests only)."""
+        """cuDNN's window, then the Pallas kernel, first on a GPU/TPU of a
+        vendor for which a device run proved them on their current sources
+        (:mod:`keras_longattn.kernels.proven`); never on the CPU, where
+        Pallas only interprets (slowly: tests only) and there is no
+        cuDNN."""
         from keras_longattn.kernels import proven
 
-        device = proven.active_device_kind("jax")
-        if "pallas" in proven.trusted_kinds("jax", device):
-            return ("pallas", "explicit", "fused")
-        return ("explicit", "fused")
+        trusted = proven.trusted_kinds("jax", proven.active_vendor("jax"))
+        first = tuple(kind for kind in ("cudnn", "pallas") if kind in trusted)
+        return first + ("explicit", "fused")
+
+    def probe(self, fn, args):
+        """Under ``jax.jit`` (``args`` tracers) a path is only traced while
+        its layer runs; Pallas' Triton lowering and XLA's compilation of a
+        cuDNN call come later, with the whole program, where no layer can
+        fall back. So ``fn(*args)`` is traced to a program of its own
+        (the values it closes over, the caller's tracers included, become
+        arguments) and compiled now for the same shapes, forward and
+        backward; what compiling raises is raised here. Each program is
+        compiled once per process. Eager calls (concrete ``args``) compile
+        as they run, and are not probed."""
+        tracer = getattr(jax.core, "Tracer", None)
+        eval_jaxpr = getattr(jax.core, "eval_jaxpr", None)
+        if tracer is None or eval_jaxpr is None:  # pragma: no cover (no probe there)
+            return None
+        if not any(isinstance(x, tracer) for x in jax.tree_util.tree_leaves(args)):
+            return None
+        closed = jax.make_jaxpr(fn)(*args)
+        jaxpr, consts = closed.jaxpr, list(closed.consts)
+        flat = jax.tree_util.tree_leaves(args)
+        specs = ([_spec(c) for c in consts], [_spec(a) for a in flat])
+        key = (str(jaxpr), repr(specs))
+        if key in _PROBED:
+            return None
+        outputs = jaxpr.outvars
+        differentiable = (all(jnp.issubdtype(s.dtype, jnp.inexact) for s in specs[1])
+                          and all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in outputs))
+
+        def program(consts, args):
+            if not differentiable:
+                return eval_jaxpr(jaxpr, consts, *args)
+            outs, pullback = jax.vjp(lambda *a: eval_jaxpr(jaxpr, consts, *a), *args)
+            return outs, pullback([jnp.ones_like(o) for o in outs])
+
+        jax.jit(program).lower(*specs).compile()
+        if len(_PROBED) >= 256:
+            _PROBED.clear()
+        _PROBED.add(key)
+        return None
 
     def refuse_at_run_time(self, bad, value, message):
         """A host callback on the bad branch of a ``lax.cond``: Python runs

@@ -27,12 +27,12 @@ class TorchOps(BackendOps):
     @property
     def auto_preference(self):
         """Fused kernels first (the CPU flash kernel and the band kernels);
-        FlexAttention before them on a CUDA device kind where a device run
-        has proven it (:mod:`keras_longattn.kernels.proven`)."""
+        FlexAttention before them on a GPU of a vendor for which a device
+        run proved it on its current sources
+        (:mod:`keras_longattn.kernels.proven`)."""
         from keras_longattn.kernels import proven
 
-        device = proven.active_device_kind("torch")
-        if "flex" in proven.trusted_kinds("torch", device):
+        if "flex" in proven.trusted_kinds("torch", proven.active_vendor("torch")):
             return ("flex", "fused", "explicit")
         return ("fused", "explicit")
     max_scores_per_call = MAX_SCORES_PER_CALL
