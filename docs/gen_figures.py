@@ -700,6 +700,12 @@ def _when(run) -> str:
     return text
 
 
+def _is_absolute(path: str) -> bool:
+    """Whether ``path`` is absolute on POSIX or Windows (``/tmp/x``,
+    ``C:\\x``, ``\\\\host\\x``)."""
+    return path.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:[\\/]", path) is not None
+
+
 def _setting_lines(document, rows) -> list[str]:
     """The run(s), configuration(s), machine and memory method as bullets.
 
@@ -715,7 +721,10 @@ def _setting_lines(document, rows) -> list[str]:
         lines.append(f"- **Runs:** {len(rows)} configurations from {len(runs)} runs"
                      f"{interrupted}:")
         for run in runs:
-            name = f"`{run['file']}`, " if run.get("file") else ""
+            # a file named by an absolute path is one of the measuring
+            # machine's, not of the checkout: not shown
+            shown = run.get("file") and not _is_absolute(str(run["file"]))
+            name = f"`{run['file']}`, " if shown else ""
             config = _config_cells(run.get("config") or {})
             lines.append(f"    - {name}{_when(run)}" + (f": {config}" if config else ""))
     else:
@@ -1070,13 +1079,40 @@ NOISE = re.compile(
 )
 
 
+#: The machine-specific start of an absolute path in a notebook's outputs
+#: (a traceback's ``/work/runs/keras_longattn/...``, a virtual
+#: environment's ``.../site-packages/keras/...``), after an ANSI colour code
+#: or a character that cannot end a path. :func:`_relative_paths` cuts it,
+#: keeping the path from the checkout's top folder (or from
+#: ``site-packages/``) on.
+MACHINE_PREFIX = re.compile(
+    r"((?:\x1b\[[0-9;]*m)|(?<![\w.~/-]))"
+    r"/(?:[^\s/\"'<>:]+/)+?"
+    r"((?:site|dist)-packages/|(?=(?:keras_longattn|notebooks|docs|tests|scripts|build)/))")
+
+
+def _relative_paths(value):
+    """``value`` (a string, or the lists and dicts of a notebook output)
+    with :data:`MACHINE_PREFIX` cut from every string in it."""
+    if isinstance(value, str):
+        return MACHINE_PREFIX.sub(lambda m: m.group(1) + m.group(2), value)
+    if isinstance(value, list):
+        return [_relative_paths(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _relative_paths(item) for key, item in value.items()}
+    return value
+
+
 def _clean_outputs(notebook: dict) -> dict:
-    """Drops stderr outputs made only of backend start-up log lines."""
+    """Drops stderr outputs made only of backend start-up log lines, and
+    cuts the machine's folders from the absolute paths in the outputs (a
+    page names files relative to the checkout)."""
     notebook = copy.deepcopy(notebook)
     for cell in notebook.get("cells", []):
         outputs = cell.get("outputs")
         if not outputs:
             continue
+        outputs = [_relative_paths(output) for output in outputs]
         kept = []
         for output in outputs:
             if output.get("output_type") == "stream" and output.get("name") == "stderr":

@@ -16,6 +16,24 @@ Each check returns a :class:`Claim`, whose ``verdict`` is one of
 :data:`VERDICTS`; :func:`assert_claims` raises on the asserted claims that
 did not come out *reproduced*; :func:`claims_table` writes the paper page's
 table. Only the standard library and NumPy are used here.
+
+**The words a table shows** (:func:`shown_verdict`, the only place that
+turns a verdict into a word on a page). The stored verdict says how the
+check came out; the word shown also says what kind of evidence it is:
+
+* *reproduced* only for an **asserted** comparison of two arms (the paper's
+  claim against its control, :func:`compare_means` or
+  :func:`no_worse_than`) whose margin is wider than the seed spread of both
+  arms, and which met the margin;
+* *holds* / *does not hold* for an asserted check that is not such a
+  comparison (a stated threshold, a tolerance, a probe of the mechanism);
+* *measured* (*measured, direction only*, *measured, does not hold*) for
+  every claim that is reported, not asserted: timings, a spectrum, a
+  census. A reported claim never shows *reproduced*;
+* *not testable at this scale* when the spread is not below the margin, and
+  for a comparison whose two arms give one and the same value in every
+  seed (at least two seeds each): a ceiling or floor of the measure (e.g.
+  both arms at 100 % accuracy), where no margin can be met.
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -44,6 +63,7 @@ __all__ = [
     "report_only",
     "results_file",
     "seed_stats",
+    "shown_verdict",
     "speedup_claim",
 ]
 
@@ -53,6 +73,19 @@ NOT_REPRODUCED = "not reproduced"
 NOT_TESTABLE = "not testable at this scale"
 #: The verdicts a claim can get.
 VERDICTS = (REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, NOT_TESTABLE)
+HOLDS = "holds"
+DOES_NOT_HOLD = "does not hold"
+MEASURED = "measured"
+#: The words :func:`shown_verdict` gives (a table adds "(asserted)" after
+#: an asserted claim's).
+SHOWN_VERDICTS = (REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, HOLDS, DOES_NOT_HOLD,
+                  MEASURED, f"{MEASURED}, {DIRECTION_ONLY}", f"{MEASURED}, {DOES_NOT_HOLD}",
+                  NOT_TESTABLE)
+#: The detail of a comparison of two arms, as :func:`compare_means` and
+#: :func:`no_worse_than` write it.
+_COMPARISON = re.compile(r"^(difference|deficit) (-?[0-9.]+(?:e-?[0-9]+)?), "
+                         r"margin (-?[0-9.]+(?:e-?[0-9]+)?), spread ([0-9.]+(?:e-?[0-9]+)?)")
+_ONE_SEED = re.compile(r"\(1 seeds?\)")
 
 
 class ClaimFailure(AssertionError):
@@ -128,6 +161,11 @@ class Claim:
         """An asserted claim that did not come out reproduced."""
         return self.asserted and not self.passed
 
+    @property
+    def shown(self) -> str:
+        """The word a table shows for this claim (:func:`shown_verdict`)."""
+        return shown_verdict(self.verdict, self.asserted, self.detail, self.ours)
+
     def as_dict(self) -> dict:
         return {
             "name": self.name,
@@ -138,6 +176,47 @@ class Claim:
             "asserted": self.asserted,
             "detail": self.detail,
         }
+
+
+def _saturated(a: SeedStats, b: SeedStats) -> bool:
+    """Both arms give one and the same value in every seed, over at least
+    two seeds each: a ceiling or floor of the measure."""
+    return (a.n >= 2 and b.n >= 2 and a.spread == 0.0 and b.spread == 0.0
+            and a.mean == b.mean)
+
+
+def shown_verdict(verdict: str, asserted: bool, detail: str = "", ours: str = "") -> str:
+    """The word a table shows for a claim (see the module's docstring).
+
+    ``verdict`` is the stored verdict (:data:`VERDICTS`), ``asserted``
+    whether the notebook asserts the claim, ``detail`` the check's detail
+    (a comparison of two arms starts ``difference X, margin M, spread S``
+    or ``deficit X, margin M, spread S``) and ``ours`` the measured text
+    (``(1 seeds)`` in it: one seed, where a zero spread says nothing). It
+    reads the stored fields only, so results committed before these words
+    existed show them too.
+
+    Raises:
+        ValueError: for a verdict not in :data:`VERDICTS`.
+    """
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    comparison = _COMPARISON.match(detail or "")
+    if verdict == NOT_TESTABLE:
+        return NOT_TESTABLE
+    if (comparison is not None and comparison.group(1) == "difference"
+            and float(comparison.group(2)) == 0.0 and float(comparison.group(4)) == 0.0
+            and not _ONE_SEED.search(ours or "")):
+        # both arms the same constant over the seeds: a ceiling or floor
+        return NOT_TESTABLE
+    if not asserted:
+        return {REPRODUCED: MEASURED, DIRECTION_ONLY: f"{MEASURED}, {DIRECTION_ONLY}",
+                NOT_REPRODUCED: f"{MEASURED}, {DOES_NOT_HOLD}"}[verdict]
+    if comparison is None:
+        return {REPRODUCED: HOLDS, NOT_REPRODUCED: DOES_NOT_HOLD}.get(verdict, verdict)
+    if verdict == REPRODUCED and not float(comparison.group(3)) > float(comparison.group(4)):
+        return HOLDS  # a margin the spread reaches reproduces nothing
+    return verdict
 
 
 def _as_stats(values) -> SeedStats:
@@ -160,7 +239,9 @@ def compare_means(
     """``better`` beats ``worse`` by at least ``margin`` (difference of means).
 
     Verdicts: *not testable at this scale* when ``margin`` is not larger than
-    the spread of either arm; else *reproduced* when the difference (in the
+    the spread of either arm, or when both arms give one and the same value
+    in every seed (at least two seeds each: a ceiling or floor, e.g. both at
+    100 % accuracy); else *reproduced* when the difference (in the
     direction of ``higher_is_better``) is at least ``margin``, *direction
     only* when it is positive but smaller, *not reproduced* otherwise.
     """
@@ -176,6 +257,10 @@ def compare_means(
     if not margin > spread:
         verdict = NOT_TESTABLE
         detail += " (the seed spread is not below the margin)"
+    elif _saturated(a, b):
+        verdict = NOT_TESTABLE
+        detail += (" (both arms give the same value in every seed, a ceiling or floor of "
+                   "the measure: no margin can be met)")
     elif diff >= margin:
         verdict = REPRODUCED
     elif diff > 0:
@@ -284,11 +369,13 @@ def assert_claims(claims: Iterable[Claim]) -> None:
 
 
 def claims_table(claims: Iterable[Claim]) -> str:
-    """A Markdown table: claim | paper | ours | verdict (asserted or not)."""
+    """A Markdown table: claim | paper | ours | verdict, the verdict as
+    :func:`shown_verdict` words it, with "(asserted)" after an asserted
+    claim's."""
     lines = ["| claim | paper | ours (mean ± spread over seeds) | verdict |",
              "|---|---|---|---|"]
     for c in claims:
-        verdict = c.verdict + (" (asserted)" if c.asserted else "")
+        verdict = c.shown + (" (asserted)" if c.asserted else "")
         lines.append(f"| {c.statement} | {c.paper or '—'} | {c.ours} | {verdict} |")
     return "\n".join(lines)
 

@@ -13,7 +13,9 @@ files give, ``--write`` rewrites it. Four kinds of region:
   fmt=.1f -->80.1<!-- /result --> %``;
 * ``results-table NAME:claims``: the claims list of the results file as a
   table, as ``claims.claims_table`` writes it (claim | paper | ours |
-  verdict, "(asserted)" after the verdict of an asserted claim; the option
+  verdict, the verdict worded by ``claims.shown_verdict`` from the stored
+  verdict, the asserted flag and the detail, "(asserted)" after the
+  verdict of an asserted claim; the option
   ``only=name,...`` keeps the named claims, in their order in the file);
   ``results-table NAME:PATH`` inserts the string at ``PATH`` (e.g.
   ``synthesizer:lm_table``). A table region's markers stand on lines of
@@ -45,7 +47,9 @@ files give, ``--write`` rewrites it. Four kinds of region:
 ``span_cost`` ``docs/benchmarks/adaptive_span.json`` (``python -m
 keras_longattn.benchmarks.span_cost --write``).
 
-**Pages**: ``papers/*.md`` and the guides of :data:`OTHER_PAGES`.
+**Pages**: ``papers/*.md`` and every Markdown page under ``docs/`` that
+holds a region (:data:`DOCS_GLOB`). Outside the regions a page quotes no
+number of ours: ``tests/docs/test_no_typed_numbers.py`` checks it.
 
 **Paths** are keys joined by dots: ``metrics.k64_acc_mean``,
 ``scaling.full.1024.median_ms``; a number indexes a list
@@ -139,9 +143,9 @@ NAMED_SOURCES = {
 }
 #: The paper pages, relative to the checkout.
 PAGES_GLOB = "papers/*.md"
-#: Other pages with generated regions, relative to the checkout.
-OTHER_PAGES = ("docs/guides/distributed.md", "docs/guides/decoding.md",
-               "docs/guides/adaptive_span_attention.md", "docs/guides/longify.md")
+#: The other pages: those of these Markdown files (relative to the
+#: checkout) that hold an opening marker.
+DOCS_GLOB = "docs/**/*.md"
 OPTIONS = ("fmt", "join", "none", "only")
 _FUNCTIONS = {
     "min": min,
@@ -570,7 +574,8 @@ def _claims_table(claims: Any, only: str | None) -> str:
             rows.append(Claim(name=claim.get("name"), statement=claim["statement"],
                               paper=claim.get("paper"), ours=claim["ours"],
                               verdict=claim["verdict"],
-                              asserted=bool(claim.get("asserted"))))
+                              asserted=bool(claim.get("asserted")),
+                              detail=str(claim.get("detail") or "")))
         except KeyError as error:
             raise PageError(f"claim {claim.get('name')!r} has no {error.args[0]!r}") from None
         except ValueError as error:
@@ -686,9 +691,18 @@ def render_page(text: str, sources: Sources) -> str:
 
 def default_pages(root: str | os.PathLike | None = None) -> list[Path]:
     """The paper pages of the checkout ``root`` (``papers/*.md``), by name,
-    then the other pages of :data:`OTHER_PAGES` that exist there."""
+    then the pages of :data:`DOCS_GLOB` that hold an opening marker (outside
+    a fenced code block), by path."""
     root = Path(root).resolve() if root is not None else provenance.PACKAGE_PARENT
-    others = [root / page for page in OTHER_PAGES if (root / page).is_file()]
+    others = []
+    for page in sorted(root.glob(DOCS_GLOB)):
+        if RESULTS_DIR.parts[-1] in page.relative_to(root).parts[1:-1]:
+            continue
+        text = page.read_text(encoding="utf-8")
+        fences = _fenced_spans(text)
+        if any(not any(start <= m.start() < end for start, end in fences)
+               for m in _OPEN.finditer(text)):
+            others.append(page)
     return sorted(root.glob(PAGES_GLOB)) + others
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import pages
 from keras_longattn.reproductions import provenance
 
@@ -53,7 +54,7 @@ points ahead; seeds <!-- result demo:per_seed.accuracy_percent.full.values fmt=.
 | claim | paper | ours (mean ± spread over seeds) | verdict |
 |---|---|---|---|
 | k = 64 is not behind full attention | parity (Table 2) | 86.4 vs 80.1 | not testable at this scale |
-| k = 128 is faster | — | 17.32x | reproduced (asserted) |
+| k = 128 is faster | — | 17.32x | holds (asserted) |
 
 <!-- /results-table -->
 
@@ -120,10 +121,24 @@ def test_paper_page_generates_its_claims_and_provenance(slug):
 @pytest.mark.parametrize("slug", PAPER_NOTEBOOKS)
 def test_claims_table_is_the_notebooks_own(slug):
     """The generated claims table is the one the notebook wrote
-    (`claims.claims_table`, kept in the results file)."""
+    (`claims.claims_table`, kept in the results file): the same claims in
+    the same order, statement, paper and ours as written; only the verdict
+    column is worded by today's rule (`claims.shown_verdict`), which reads
+    the stored verdict, the asserted flag and the detail."""
     results = json.loads((ROOT / "docs" / "results" / f"{slug}.json").read_text(encoding="utf-8"))
     region = pages.Region("results-table", f"{slug}:claims", 0, 0, 1, "")
-    assert pages.render_region(region, pages.Sources(ROOT)).strip() == results["claims_table"]
+    generated = pages.render_region(region, pages.Sources(ROOT)).strip().splitlines()
+    written = results["claims_table"].strip().splitlines()
+    assert len(generated) == len(written) == len(results["claims"]) + 2
+
+    def cells(line):
+        return line.strip().strip("|").rsplit("|", 1)
+
+    for made, kept, claim in zip(generated[2:], written[2:], results["claims"]):
+        assert cells(made)[0] == cells(kept)[0]
+        expected = cl.shown_verdict(claim["verdict"], bool(claim.get("asserted")),
+                                    claim.get("detail", ""), claim["ours"])
+        assert cells(made)[1].strip() == expected + (" (asserted)" if claim.get("asserted") else "")
 
 
 # ---------------------------------------------------------------------------
@@ -316,7 +331,7 @@ def test_a_changed_claim_puts_the_table_out_of_sync(tmp_path):
     _set_json(tmp_path, lambda r: r["claims"][1].update(verdict="not reproduced"))
     found = pages.check_pages(root=tmp_path)
     assert [m.label for m in found] == ["results-table demo:claims"]
-    assert "| not reproduced (asserted) |" in found[0].expected
+    assert "| does not hold (asserted) |" in found[0].expected
 
 
 def test_a_region_the_files_cannot_give_fails_the_check(tmp_path):
