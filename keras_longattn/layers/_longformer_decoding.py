@@ -7,8 +7,8 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
-from keras_longattn.layers.base_attention import known_index
-from keras_longattn.layers.base_attention import only_written
+from keras_longattn.layers.decoding import known_index
+from keras_longattn.layers.decoding import only_written
 from keras_longattn.ops import longformer as la_longformer
 
 

@@ -7,6 +7,7 @@ from keras import ops
 from keras_longattn import ops as la_ops
 from keras_longattn._validation import positive_int
 from keras_longattn.layers.base_attention import BaseAttention
+from keras_longattn.layers.conversion import ConversionMixin
 from keras_longattn.layers.dispatch import CONTEXT_PARALLEL
 from keras_longattn.layers.dispatch import context_parallel_axes
 from keras_longattn.layers.dispatch import context_parallel_devices
@@ -329,3 +330,7 @@ class LocalAttention(BaseAttention):
             }
         )
         return config
+
+
+# A Keras source layer with a sliding window converts to this layer.
+ConversionMixin.sliding_window_class = LocalAttention

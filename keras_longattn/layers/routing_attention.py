@@ -13,8 +13,8 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
-from keras_longattn.layers.base_attention import known_index
-from keras_longattn.layers.base_attention import only_written
+from keras_longattn.layers.decoding import known_index
+from keras_longattn.layers.decoding import only_written
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
