@@ -83,13 +83,6 @@ CONTEXT_PARALLEL = "context_parallel"
 KINDS = tuple(IMPLEMENTATION_KINDS) + (CONTEXT_PARALLEL,)
 
 
-def pallas_refusal():
-    """Why a ``"pallas"`` path cannot run on the active backend (None on
-    JAX, where it compiles on GPU/TPU and is interpreted on the CPU):
-    :func:`keras_longattn.ops.paths.refusal` of ``"block_sparse"``."""
-    return la_paths.refusal("block_sparse")
-
-
 def window_kernel_refusal(dtype, query_length, key_length, key_dim, value_dim, look_back,
                           look_ahead, causal, key_padding):
     """Why a ``"cudnn"`` path cannot run a plain window (query ``i``

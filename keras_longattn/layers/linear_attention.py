@@ -8,48 +8,6 @@ from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import paths as la_paths
-from keras_longattn.ops import shapes
-
-
-#: Why ``"kernel_fused"`` refuses a call on a backend without the entry.
-NO_FUSED_KERNEL = la_paths.NO_FUSED_KERNEL
-
-
-def fused_kernelized():
-    """The active backend's module of kernelized attention with written-out
-    gradients, or None (:func:`keras_longattn.ops.paths.fused_kernelized`)."""
-    return la_paths.fused_kernelized()
-
-
-#: Most elements of one head slice's features, ``B * n * heads * features``
-#: (:func:`fused_head_slices`): 16 MiB of float32.
-MAX_SLICE_ELEMENTS = 1 << 22
-
-
-def fused_head_slices(query, key, features):
-    """``(h0, h1)`` head ranges for the fused kernelized path of these
-    ``(B, T, H, d)`` queries and ``(B, S, H, d)`` keys
-    (:func:`keras_longattn.ops.shapes.head_slices` with
-    :data:`MAX_SLICE_ELEMENTS` and ``features`` per head and position).
-
-    Heads are independent in kernelized attention, so running a few at a
-    time changes no number; it keeps every temporary of a slice (features,
-    chunk states, their gradients) out of the allocator's fresh mappings.
-    """
-    T, S = query.shape[1], key.shape[1]
-    n = None if None in (T, S) else max(T, S)
-    return shapes.head_slices(query.shape[0], n, query.shape[2], features, MAX_SLICE_ELEMENTS)
-
-
-def refuse_dropout(layer):
-    """Kernelized attention never forms weights: ``dropout > 0`` is refused
-    at construction (a ValueError naming it)."""
-    if layer.dropout > 0.0:
-        raise ValueError(
-            f"{type(layer).__name__} never forms attention weights, so there "
-            "is nothing for attention dropout to drop: use dropout=0. "
-            f"Received: dropout={layer.dropout!r}"
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_longattn")
@@ -142,7 +100,7 @@ class LinearAttention(BaseAttention):
         self.feature_map = kernelized.check_feature_map(feature_map)
         self.chunk_size = kernelized.check_chunk_size(chunk_size)
         self.epsilon = kernelized.check_epsilon(epsilon)
-        refuse_dropout(self)
+        kernelized.refuse_dropout(self)
 
     def features(self, x):
         """``phi(x)`` in float32: ``(B, n, H, d)``."""
@@ -164,11 +122,11 @@ class LinearAttention(BaseAttention):
     def _kernel_fused(self, query, key, value, context):
         """The associative form as one function per mode with a written-out
         backward pass (PyTorch; the same numbers as ``"kernel"``), a few
-        heads at a time (:func:`fused_head_slices`)."""
+        heads at a time (:func:`keras_longattn.ops.kernelized.head_slices`)."""
         outs = []
-        for h0, h1 in fused_head_slices(query, key, query.shape[3]):
+        for h0, h1 in kernelized.head_slices(query, key, query.shape[3]):
             q, k = query[:, :, h0:h1], key[:, :, h0:h1]
-            outs.append(fused_kernelized().associative_attention(
+            outs.append(la_paths.fused_kernelized().associative_attention(
                 self.features(q), self.features(k), value[:, :, h0:h1],
                 causal=context.causal,
                 key_mask=context.padding.key_mask,

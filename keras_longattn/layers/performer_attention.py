@@ -12,9 +12,6 @@ from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
-from keras_longattn.layers.linear_attention import fused_kernelized
-from keras_longattn.layers.linear_attention import fused_head_slices
-from keras_longattn.layers.linear_attention import refuse_dropout
 from keras_longattn.ops import kernelized
 from keras_longattn.ops import paths as la_paths
 from keras_longattn.ops import performer as performer_ops
@@ -230,7 +227,7 @@ class PerformerAttention(BaseAttention):
         )
         self.chunk_size = kernelized.check_chunk_size(chunk_size)
         self.epsilon = kernelized.check_epsilon(epsilon)
-        refuse_dropout(self)
+        kernelized.refuse_dropout(self)
         self.random_features = None
 
     def build_extra(self, query_shape, value_shape, key_shape):
@@ -287,11 +284,11 @@ class PerformerAttention(BaseAttention):
     def _favor_fused(self, query, key, value, context):
         """``"favor"`` with the feature map and the associative form as
         functions with written-out backward passes (PyTorch), a few heads
-        at a time (:func:`~keras_longattn.layers.linear_attention.fused_head_slices`)."""
-        fused = fused_kernelized()
+        at a time (:func:`keras_longattn.ops.kernelized.head_slices`)."""
+        fused = la_paths.fused_kernelized()
         projection = self.projection(context.training)
         outs = []
-        for h0, h1 in fused_head_slices(query, key, self.num_features):
+        for h0, h1 in kernelized.head_slices(query, key, self.num_features):
             # Head-major (B, h, n, m) features: no transposed copy of them.
             qf = fused.softmax_kernel_features(
                 query[:, :, h0:h1], projection, is_query=True, causal=context.causal,

@@ -39,12 +39,44 @@ from keras_longattn.kernels.constants import check_epsilon
 from keras_longattn.ops.blocked import pad_axis
 from keras_longattn.ops.segments import dims
 from keras_longattn.ops.shapes import ceil_div
+from keras_longattn.ops.shapes import head_slices as _head_slices
 from keras_longattn.ops.shapes import is_static
 from keras_longattn.ops.shapes import larger
 from keras_longattn.ops.shapes import length
 
 #: Feature maps understood by :func:`feature_map`.
 FEATURE_MAPS = ("relu", "elu+1")
+
+#: Most elements of one head slice's features, ``B * n * heads * features``
+#: (:func:`head_slices`): 16 MiB of float32.
+MAX_SLICE_ELEMENTS = 1 << 22
+
+
+def head_slices(query, key, features):
+    """``(h0, h1)`` head ranges for the fused kernelized paths of these
+    ``(B, T, H, d)`` queries and ``(B, S, H, d)`` keys
+    (:func:`keras_longattn.ops.shapes.head_slices` with
+    :data:`MAX_SLICE_ELEMENTS` and ``features`` per head and position).
+
+    Heads are independent in kernelized attention, so running a few at a
+    time changes no number; it keeps every temporary of a slice (features,
+    chunk states, their gradients) out of the allocator's fresh mappings.
+    """
+    T, S = query.shape[1], key.shape[1]
+    n = None if None in (T, S) else max(T, S)
+    return _head_slices(query.shape[0], n, query.shape[2], features, MAX_SLICE_ELEMENTS)
+
+
+def refuse_dropout(layer):
+    """Kernelized attention never forms weights: a layer's ``dropout > 0``
+    is refused at construction (a ValueError naming it)."""
+    if layer.dropout > 0.0:
+        raise ValueError(
+            f"{type(layer).__name__} never forms attention weights, so there "
+            "is nothing for attention dropout to drop: use dropout=0. "
+            f"Received: dropout={layer.dropout!r}"
+        )
+
 
 def check_feature_map(name):
     """``name`` if it is one of :data:`FEATURE_MAPS`, else a ValueError

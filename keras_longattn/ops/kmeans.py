@@ -53,9 +53,8 @@ def sphere_normalize(x, epsilon=1e-6):
     """
     x = ops.cast(x, "float32")
     d = x.shape[-1]
-    # keras.ops.layer_normalization: one fused kernel on torch (several
-    # times faster than the same moments written out), the moments on the
-    # other backends.
+    # keras.ops.layer_normalization: one fused kernel on torch, the moments
+    # on the other backends.
     normalized = ops.layer_normalization(x, axis=-1, epsilon=epsilon)
     return normalized * (1.0 / math.sqrt(float(d)))
 
@@ -94,8 +93,8 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
 
     Args:
         similarity: ``(B, H, k, n)`` from :func:`centroid_similarity`, or
-            ``(B, H, n, k)`` with ``clusters_last`` (several times faster
-            on the torch backend: the argmax runs over a contiguous axis).
+            ``(B, H, n, k)`` with ``clusters_last`` (the argmax then runs
+            over a contiguous axis, which the torch backend prefers).
         valid: optional boolean ``(B, n)``; False marks padding.
         clusters_last: the layout of ``similarity``.
 
@@ -114,9 +113,8 @@ def nearest_centroid(similarity, valid=None, clusters_last=False):
 
 
 #: Most elements of one similarity slice in :func:`assign_by_heads`
-#: (:func:`keras_longattn.ops.shapes.head_slices`): 16 MiB of float32 (the
-#: ``(1, 4, 16384, 128)`` similarity took 26-30 ms allocated per call on
-#: torch, 16-18 ms written into reused memory).
+#: (:func:`keras_longattn.ops.shapes.head_slices`): 16 MiB of float32, so
+#: that each slice reuses the allocator's memory.
 MAX_SIMILARITY_ELEMENTS = 1 << 22
 
 

@@ -52,9 +52,7 @@ def head_slices(batch, length, heads, width, limit):
     Paths whose heads are independent run a few heads at a time with
     ``limit = 1 << 22`` (16 MiB of float32): on a CPU, glibc maps a buffer
     above its largest mmap threshold (32 MiB) afresh on every call and
-    page-faults it (measured on the project's 2-core machine, torch 2.13:
-    24 buffers of 16 MiB allocated and written in 14-19 ms, 6 of 64 MiB in
-    38-165 ms), while smaller ones reuse the allocator's memory.
+    page-faults it, while smaller ones reuse the allocator's memory.
     """
     if not is_static(batch, length, heads, width):
         return [(0, heads)]

@@ -34,7 +34,7 @@ from keras.ops import convert_to_numpy as to_np
 from keras_longattn.layers import AdaMRAAttention
 from keras_longattn.layers import LinearAttention
 from keras_longattn.layers import PerformerAttention
-from keras_longattn.layers.linear_attention import fused_kernelized
+from keras_longattn.ops.paths import fused_kernelized
 from keras_longattn.testing import rel_error
 
 BACKEND = keras.backend.backend()

@@ -235,12 +235,12 @@ def test_config_defaults():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("layer_name", ["linear", "performer"])
 def test_fused_path_in_head_slices_equals_portable(layer_name, causal, monkeypatch):
-    """The fused path runs a few heads at a time (fused_head_slices): with one
+    """The fused path runs a few heads at a time (ops.kernelized.head_slices): with one
     head per slice (a tiny element limit) and with all heads in one, its
     values and input gradients equal the portable path's, padding
     included."""
     from keras_longattn.layers import PerformerAttention
-    from keras_longattn.layers import linear_attention as la
+    from keras_longattn.ops import kernelized as la
 
     if layer_name == "linear":
         cls, kwargs, fused_name, portable = LinearAttention, dict(KWARGS, num_heads=3), \
@@ -264,7 +264,7 @@ def test_fused_path_in_head_slices_equals_portable(layer_name, causal, monkeypat
     for limit in (1, 10**9):
         monkeypatch.setattr(la, "MAX_SLICE_ELEMENTS", limit)
         x3 = np.zeros((2, 29, 3, 8), "float32")
-        assert len(la.fused_head_slices(x3, x3, 8)) == (3 if limit == 1 else 1)
+        assert len(la.head_slices(x3, x3, 8)) == (3 if limit == 1 else 1)
         fused = cls(**dict(kwargs, implementation=fused_name))
         fused(x, x)
         fused.set_weights(ref.get_weights())

@@ -17,10 +17,9 @@ views and sums the band gradients of the keys and values back onto their
 positions. Calls take groups of blocks so that no temporary exceeds
 :data:`MAX_BAND_ELEMENTS` elements: the memory is O(n * d) besides that.
 
-Why (measured on a 2-core CPU, torch 2.13, n = 16384, H = 4, d = 64, causal
-window 256): the portable fused path builds band copies of the keys and
-values, a ``(n, b, C)`` boolean mask and the zero-row fix-up, which took
-more than half of its time; this path runs the kernel alone on views.
+Why: the portable fused path builds band copies of the keys and values, a
+``(n, b, C)`` boolean mask and the zero-row fix-up around the kernel; this
+path runs the kernel alone on views.
 
 **Compiled kernel.** Where :func:`keras_longattn.kernels.torch.native.band_ops`
 builds (a C++ compiler; see that module), :func:`band_forward` and
@@ -50,15 +49,12 @@ DEAD_LSE = -1e29
 #: Most elements of a band-shaped temporary (the key gradients of the blocks
 #: of one kernel call, ``G * C * H * d``): 4 Mi floats, 16 MiB.
 MAX_BAND_ELEMENTS = 1 << 22
-#: Queries per tile of the compiled kernel. Measured (n = 16384, causal
-#: window 256, forward / backward medians over 5 interleaved rounds): tiles
-#: of 16 took 53 / 112 ms, 32 49 / 106 ms, 64 51 / 138 ms, 128 59 / 116 ms.
+#: Queries per tile of the compiled kernel.
 NATIVE_TILE = 32
 #: Whether the compiled kernel copies a sequence's rows into a contiguous
 #: buffer first: -1 where a view's rows lie a page or more apart and one
 #: head's sequence is at most 64 Ki floats (the columns of the strided
-#: pattern: 2.6 -> 1.9 ms forward, 6.2 -> 4.1 ms backward at n = 8192),
-#: 0 never, 1 always (the tests run both).
+#: pattern), 0 never, 1 always (the tests run both).
 NATIVE_PACK = -1
 
 
@@ -102,14 +98,8 @@ def default_block_size(look_back, look_ahead):
     or not, and does not skip tiles at these sizes (a causal call on
     256 x 256 blocks took as long as a full one), so the useful share of
     the work is ``extent / C`` with ``C = (before + 1 + after) * b``: small
-    blocks waste less, until the per-call overhead wins. Measured (2-core
-    CPU, torch 2.13, n = 16384, H = 4, d = 64, forward and backward, blocks
-    interleaved in one process, median of 5, two runs): causal extent 255:
-    blocks of 256 took 233 / 266 ms, of 128 199 / 235 ms, of 96 209 ms, of
-    64 185 / 220 ms; extent 127: 272, 148 and 125 ms for 256, 128 and 64;
-    extent 511: 377, 360 and 368 ms. (An earlier rule, the extent rounded
-    up to 64, at most 256, measured slightly ahead of 128 on a loaded
-    machine; these interleaved runs put 64 first at every extent.)
+    blocks waste less, until the per-call overhead wins (64 for every
+    extent from 32 up, by the band benchmark).
     """
     extent = max(int(look_back), int(look_ahead))
     return 32 if extent < 32 else 64
