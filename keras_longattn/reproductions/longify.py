@@ -14,7 +14,7 @@ way and generates past its trained length with keras-hub's sampler.
   seed slides quote it).
 * :func:`wiki_token_ids`, :func:`text_windows`, :func:`make_far_key_task`
   (the data) from the Wikipedia sample through
-  :func:`keras_longattn.tokenizers.wikipedia_tokenizer`.
+  :func:`keras_longattn.hub.tokenizers.wikipedia_tokenizer`.
 * :class:`Config`, :func:`build_roberta`, :func:`train_short_model`: the
   short model (the task at the short length).
 * :func:`long_attention`, :func:`convert`, :func:`longify_dropping_positions`
@@ -97,14 +97,14 @@ PAPER = {
 #: The three ways of reading a long input with the short model.
 ARMS = ("truncated", "local", "longformer")
 
-#: RoBERTa's special ids in :func:`keras_longattn.tokenizers.wikipedia_tokenizer`.
+#: RoBERTa's special ids in :func:`keras_longattn.hub.tokenizers.wikipedia_tokenizer`.
 START_ID, PAD_ID, END_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 
 
 # ------------------------------------------------------------------ data
 @functools.lru_cache(maxsize=None)
 def _tokenizer(model, vocabulary_size):
-    from keras_longattn.tokenizers import wikipedia_tokenizer
+    from keras_longattn.hub.tokenizers import wikipedia_tokenizer
 
     return wikipedia_tokenizer(model, vocabulary_size=vocabulary_size)
 
@@ -113,7 +113,7 @@ def _tokenizer(model, vocabulary_size):
 def wiki_token_ids(split, vocabulary_size, model="roberta"):
     """The articles of one split of the Wikipedia sample (``"train"``,
     ``"valid"`` or ``"test"`` of :func:`keras_longattn.datasets.wiki_article_splits`),
-    tokenized by :func:`keras_longattn.tokenizers.wikipedia_tokenizer`
+    tokenized by :func:`keras_longattn.hub.tokenizers.wikipedia_tokenizer`
     (``model``, ``vocabulary_size``: trained on the training articles) and
     concatenated, each article followed by the end token (RoBERTa) or
     ``<|endoftext|>`` (GPT-2). A read-only int32 array, cached."""

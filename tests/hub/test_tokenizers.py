@@ -1,4 +1,4 @@
-"""keras_longattn.tokenizers: vocabularies trained offline on the Wikipedia
+"""keras_longattn.hub.tokenizers: vocabularies trained offline on the Wikipedia
 sample, tokenized by keras-hub's classes."""
 
 import json
@@ -15,7 +15,7 @@ from tokenizers import Tokenizer  # noqa: E402
 from tokenizers import models as tokenizer_models  # noqa: E402
 from tokenizers import pre_tokenizers  # noqa: E402
 
-from keras_longattn import tokenizers as lt  # noqa: E402
+from keras_longattn.hub import tokenizers as lt  # noqa: E402
 from keras_longattn.datasets import load_wiki_articles  # noqa: E402
 from keras_longattn.datasets import wiki_article_splits  # noqa: E402
 

@@ -52,7 +52,7 @@ try:
     from tokenizers import trainers
 except ImportError as error:  # pragma: no cover - depends on the install
     raise ImportError(
-        "keras_longattn.tokenizers trains keras-hub tokenizers and needs "
+        "keras_longattn.hub.tokenizers trains keras-hub tokenizers and needs "
         "keras-hub and tokenizers: pip install keras-longattn[hub]"
     ) from error
 
