@@ -12,7 +12,16 @@ The notebook is executed with papermill (kernel ``python3``, which resolves
 to the Python running this command) into ``<output-dir>/<slug>.ipynb``, in
 ``<output-dir>`` as working directory, with its ``results_path`` parameter
 set to ``<slug>.json`` there. The command then prints the results that the
-notebook wrote. The notebook writes them with
+notebook wrote (:func:`format_results`: one block per notebook, each claim
+as its statement, asserted or reported, its verdict at this size and in the
+committed full-size run, marked stale or FAILED, the paper's number and
+ours), also for a notebook whose assert cell failed (the block names the
+cell, the line and the error; the notebooks write their results before
+their assert cell). Nothing is printed that a user must learn to ignore:
+the kernel runs at log level ERROR (:data:`KERNEL_ARGUMENTS`: no notice that
+it runs over TCP), and papermill parses every line of each ``parameters``
+cell (``tests/docs/test_notebooks.py``: no "Unable to parse line").
+The notebook writes its results with
 :func:`keras_longattn.reproductions.provenance.write_results`, which records
 the run's provenance: the git commit, the hashes of the package's source
 files the kernel imported, the backend, the date and the machine.
@@ -47,8 +56,11 @@ import ast
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -57,6 +69,7 @@ __all__ = [
     "DEFAULT_OUTPUT_DIR",
     "FULL_RESULTS_DIR",
     "METADATA_KEY",
+    "NotebookFailed",
     "ReproductionError",
     "add_arguments",
     "add_parser",
@@ -100,6 +113,30 @@ examples:
 
 class ReproductionError(RuntimeError):
     """A notebook could not be found, prepared or executed."""
+
+
+class NotebookFailed(ReproductionError):
+    """A cell of the notebook raised (an assert cell, most often).
+
+    Attributes:
+        failure: what failed, as the report prints it: ``cell`` (the
+            execution count, ``In[cell]``), ``error`` (the exception's
+            class), ``message`` (its text) and ``line`` (the line of the
+            cell that raised, ``""`` when the traceback does not say).
+        results: the results the notebook wrote before it stopped (with
+            ``"reproduce"`` added: ``info``), or ``None`` when it stopped
+            before writing them.
+        info: what :func:`execute_notebook` adds as ``"reproduce"`` (size,
+            parameters, paths, time, ``failure``).
+    """
+
+    def __init__(self, message: str, failure: Mapping[str, Any],
+                 results: dict[str, Any] | None = None,
+                 info: Mapping[str, Any] | None = None):
+        super().__init__(message)
+        self.failure = dict(failure)
+        self.results = results
+        self.info = dict(info or {}, failure=self.failure)
 
 
 # ---------------------------------------------------------------------------
@@ -286,8 +323,11 @@ def execute_notebook(
         (kernel start included).
 
     Raises:
-        ReproductionError: on a missing notebook, unknown parameters, a
-            failing cell (the message names it) or missing results.
+        NotebookFailed: when a cell raised (the message names the cell, the
+            exception and the line; ``results`` holds what the notebook
+            wrote before it stopped, if it wrote its results).
+        ReproductionError: on a missing notebook, unknown parameters or
+            missing results.
     """
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else default_notebooks_dir()
     source = notebooks_dir / f"{slug}.ipynb"
@@ -316,7 +356,14 @@ def execute_notebook(
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    engine_kwargs = {} if timeout is None else {"execution_timeout": timeout}
+    engine_kwargs: dict[str, Any] = {} if timeout is None else {"execution_timeout": timeout}
+    info = {
+        "size": "full" if full else "ci",
+        "injected_parameters": parameters,
+        "source": str(source),
+        "output": str(output),
+        "results": str(results_file),
+    }
     started = time.perf_counter()
     try:
         papermill.execute_notebook(
@@ -327,27 +374,73 @@ def execute_notebook(
             cwd=str(output_dir),
             progress_bar=False,
             log_output=log_output,
+            extra_arguments=list(KERNEL_ARGUMENTS),
             **engine_kwargs,
         )
     except PapermillExecutionError as error:
-        raise ReproductionError(
-            f"{slug}: cell {error.exec_count} raised {error.ename}: {error.evalue} "
-            f"(the executed notebook is {output})"
+        failure = _failure(error)
+        info["total_wall_time_s"] = round(time.perf_counter() - started, 1)
+        info["failure"] = failure
+        # The notebooks write their results before their assert cell, so a
+        # failed assert still leaves this run's results (the file of an
+        # earlier run was removed above).
+        results = _read_results(results_file)
+        if results is not None:
+            results["reproduce"] = info
+        where = f" at `{failure['line']}`" if failure["line"] else ""
+        raise NotebookFailed(
+            f"{slug}: cell In[{failure['cell']}] raised {failure['error']}{where}: "
+            f"{failure['message']} (the executed notebook is {output})",
+            failure, results, info,
         ) from None
-    wall = time.perf_counter() - started
-    if not results_file.is_file():
-        raise ReproductionError(f"{slug}: the notebook ran but wrote no {results_file}")
-    with open(results_file, encoding="utf-8") as stream:
-        results = json.load(stream)
-    results["reproduce"] = {
-        "size": "full" if full else "ci",
-        "injected_parameters": parameters,
-        "source": str(source),
-        "output": str(output),
-        "results": str(results_file),
-        "total_wall_time_s": round(wall, 1),
-    }
+    info["total_wall_time_s"] = round(time.perf_counter() - started, 1)
+    results = _read_results(results_file)
+    if results is None:
+        raise ReproductionError(f"{slug}: the notebook ran but wrote no results "
+                                f"(a JSON object) to {results_file}")
+    results["reproduce"] = info
     return results
+
+
+#: Arguments of the kernel papermill starts. Its log level is ERROR: at
+#: WARNING, ipykernel warns on every start that it runs over TCP without
+#: encryption, which is how jupyter_client always starts a local kernel (on
+#: 127.0.0.1, every message signed with the key of a connection file only
+#: this user can read); a notice printed on every run that nobody can act on.
+KERNEL_ARGUMENTS = ("--IPKernelApp.log_level=ERROR",)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
+
+
+def _read_results(path: Path) -> dict[str, Any] | None:
+    """The results a notebook wrote (``None``: none, or not a JSON object)."""
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as stream:
+            results = json.load(stream)
+    except json.JSONDecodeError:
+        return None
+    return results if isinstance(results, dict) else None
+
+
+def _failure(error: Any) -> dict[str, Any]:
+    """What a :class:`papermill.exceptions.PapermillExecutionError` says
+    failed: the cell, the exception, its message and the cell's line that
+    raised (from the traceback's ``Cell In[n], line l``)."""
+    line = ""
+    traceback = _ANSI.sub("", "\n".join(getattr(error, "traceback", None) or []))
+    match = _CELL_LINE.search(traceback)
+    source = str(getattr(error, "source", "") or "").splitlines()
+    if match and 0 < int(match.group(1)) <= len(source):
+        line = source[int(match.group(1)) - 1].strip()
+    return {
+        "cell": getattr(error, "exec_count", None),
+        "error": str(getattr(error, "ename", "") or "an error"),
+        "message": str(getattr(error, "evalue", "") or "").strip(),
+        "line": line,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -369,79 +462,266 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _clip(text: Any, width: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+#: The report's width when the terminal does not say (a pipe, a CI log).
+REPORT_WIDTH = 100
+LEGEND = (
+    "Each claim: asserted (the notebook's assert cell checks it; a failure stops the "
+    "notebook) or reported (measured and shown, never asserted); the paper's number; ours at "
+    "this run's size; the verdict here and in the committed full-size run (docs/results/), "
+    "marked stale when its sources changed since and FAILED when an asserted claim did not "
+    "hold there."
+)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    line = lambda cells: indent + "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
-    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+def _report_width() -> int:
+    return max(72, min(110, shutil.get_terminal_size((REPORT_WIDTH, 24)).columns))
 
 
-def _full_size_record(slug: str, full_results_dir: Path | None) -> tuple[dict, str]:
-    """The committed full-size results of ``slug`` (or ``{}``) and a line
-    saying where they are and whether they are stale."""
-    if full_results_dir is None:
-        return {}, ""
-    path = Path(full_results_dir) / f"{slug}.json"
-    if not path.is_file():
-        return {}, f"full-size result: none committed ({path})"
+def _wrap(text: Any, indent: str, width: int, first: str | None = None) -> list[str]:
+    """``text`` wrapped to ``width``, ``first`` (default ``indent``) before
+    its first line; line breaks of ``text`` are kept."""
+    first = indent if first is None else first
+    lines: list[str] = []
+    for paragraph in str(text).splitlines() or [""]:
+        lines += textwrap.wrap(" ".join(paragraph.split()), width=width,
+                               initial_indent=first if not lines else indent,
+                               subsequent_indent=indent, break_long_words=False,
+                               break_on_hyphens=False) or [first if not lines else indent]
+    return [line.rstrip() for line in lines]
+
+
+def _shown(claim: Mapping[str, Any]) -> str:
+    """The words :func:`claims.shown_verdict` gives a claim of a results
+    file (its stored verdict when that is not one it knows)."""
+    from keras_longattn.reproductions import claims
+
+    verdict = str(claim.get("verdict", "?"))
     try:
-        record = json.loads(path.read_text())
+        return claims.shown_verdict(verdict, bool(claim.get("asserted")),
+                                    str(claim.get("detail") or ""), str(claim.get("ours") or ""))
+    except ValueError:
+        return verdict
+
+
+def _claim_failed(claim: Mapping[str, Any]) -> bool:
+    """An asserted claim that did not come out reproduced
+    (:attr:`claims.Claim.failed`)."""
+    return bool(claim.get("asserted")) and claim.get("verdict") != "reproduced"
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the checkout when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(_checkout_root()))
+    except ValueError:
+        return str(path)
+
+
+def _stale_text(check: Any) -> str:
+    """``"stale: ..."`` in one short line, or ``""`` when up to date."""
+    if not getattr(check, "stale", False):
+        return ""
+    changed = tuple(getattr(check, "changed", ()) or ())
+    if not changed:
+        return f"stale: {getattr(check, 'reason', 'see keras-longattn reproduce --stale')}"
+    since = getattr(check, "since", None)
+    commit = getattr(check, "commit", None)
+    when = (f"since {since}" if since else
+            f"after its commit {commit[:10]}" if commit else "after the run")
+    files = changed[0] if len(changed) == 1 else f"{len(changed)} files"
+    return (f"stale: its sources changed {when} ({files}; "
+            f"`keras-longattn reproduce --stale` lists them)")
+
+
+def _full_size_record(slug: str, full_results_dir: Path | None) -> tuple[dict, str, bool]:
+    """The committed full-size results of ``slug`` (or ``{}``), a line
+    saying where they are, when they ran, whether they are stale and which
+    asserted claims failed in them, and whether they are stale."""
+    if full_results_dir is None:
+        return {}, "", False
+    path = Path(full_results_dir) / f"{slug}.json"
+    shown = _display_path(path)
+    if not path.is_file():
+        return {}, f"full size: none committed ({shown})", False
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
-        return {}, f"full-size result: {path} unreadable ({error})"
+        return {}, f"full size: {shown} is unreadable ({error})", False
     from keras_longattn.reproductions import provenance
 
-    check = provenance.check_results(path, root=_checkout_root())
-    state = check.note() or "up to date with the sources"
-    return record, f"full-size result: {path} ({state})"
+    try:
+        check = provenance.check_results(path, root=_checkout_root())
+    except ValueError as error:  # pragma: no cover - read above
+        return record, f"full size: {shown} ({error})", True
+    recorded = record.get("provenance") or {}
+    ran = ", ".join(part for part in (
+        str(recorded.get("date") or "")[:10],
+        f"commit {str(recorded['commit'])[:7]}" if recorded.get("commit") else "",
+    ) if part)
+    parts = [f"full size: {shown}" + (f" (ran {ran})" if ran else "")]
+    stale = _stale_text(check)
+    parts.append(stale or "up to date with the sources")
+    failed = [str(c.get("name", "?")) for c in record.get("claims") or [] if _claim_failed(c)]
+    if failed:
+        parts.append(f"FAILED its assert cell: {', '.join(failed)}")
+    return record, "; ".join(parts), bool(stale)
+
+
+def _size_words(size: str) -> str:
+    return {"ci": "CI size", "full": "full size"}.get(size, f"{size} size")
+
+
+def _title(info: Mapping[str, Any]) -> str:
+    """The notebook's title (its metadata), ``""`` when unknown."""
+    source = info.get("source")
+    if not source:
+        return ""
+    try:
+        return str(notebook_metadata(_read_notebook(Path(source))).get("title", "") or "")
+    except ReproductionError:
+        return ""
+
+
+def _failure_lines(failure: Mapping[str, Any], has_results: bool, width: int) -> list[str]:
+    where = f" at `{failure['line']}`" if failure.get("line") else ""
+    lines = _wrap(f"FAILED: cell In[{failure.get('cell', '?')}] raised "
+                  f"{failure.get('error', 'an error')}{where}"
+                  + (":" if failure.get("message") else ""), "    ", width, "  ")
+    if failure.get("message"):
+        lines += _wrap(failure["message"], "      ", width, "    ")
+    lines += _wrap(
+        "The claims below are what the notebook wrote before it stopped." if has_results
+        else "The notebook stopped before it wrote its results: no claims to show.",
+        "    ", width, "  ")
+    return lines
+
+
+def _claim_lines(number: int, claim: Mapping[str, Any] | None, full: Mapping[str, Any] | None,
+                 *, size: str, full_state: str, stale: bool, width: int) -> list[str]:
+    """One claim: the statement, asserted or reported, the verdicts here and
+    at full size, the paper's number and ours. ``claim`` is ``None`` for a
+    claim of the full-size run that this run does not make; ``full_state``
+    is ``"compare"`` (look at ``full``) or ``""`` (none committed, this run
+    is the committed one, or not asked: the block's header says which)."""
+    main = claim if claim is not None else full or {}
+    asserted = bool(main.get("asserted"))
+    kind = "asserted" if asserted else "reported"
+    label = f"{number:>3}. "
+    indent = " " * len(label)
+    lines = _wrap(f"[{kind}] {main.get('statement') or main.get('name', '?')}",
+                  indent, width, label)
+    here_label = f"here ({_size_words(size)})"
+    if claim is None:
+        here = f"{here_label}: not run at this size"
+    else:
+        here = f"{here_label}: {_shown(claim)}"
+        if _claim_failed(claim):
+            here += ", FAILED"
+    if full_state == "compare":
+        if full is None:
+            there = "full size: not in the committed run"
+        else:
+            there = f"full size: {_shown(full)}"
+            marks = []
+            if _claim_failed(full):
+                marks.append("FAILED")
+            if stale:
+                marks.append("stale")
+            if claim is not None and bool(full.get("asserted")) != asserted:
+                marks.append("asserted there" if full.get("asserted") else "reported there")
+            if marks:
+                there += f" [{', '.join(marks)}]"
+    else:
+        there = ""
+    lines += _wrap(f"{here}  |  {there}" if there else here, indent + "  ", width, indent)
+    lines += _wrap(main.get("paper") or "—", indent + " " * 7, width, indent + "paper: ")
+    if claim is not None:
+        lines += _wrap(claim.get("ours") or "—", indent + " " * 7, width, indent + "ours:  ")
+    if full is not None and full_state == "compare" and (claim is None or _claim_failed(full)):
+        # the number behind a full-size failure (or a full-size-only claim)
+        lines += _wrap(full.get("ours") or "—", indent + " " * 7, width,
+                       indent + "ours at full size: ")
+    return lines
 
 
 def format_results(results_by_slug: Mapping[str, Mapping[str, Any]],
-                   full_results_dir: str | os.PathLike | None = None) -> str:
-    """Per notebook: each claim with the paper's number, this run's
-    (mean ± spread over the seeds, as the notebook states it), the verdict
-    at this run's size and at full size (from ``full_results_dir``, the
-    committed runs, when given), where the full-size result is and whether
-    it is stale; then the run's metrics and facts."""
-    blocks = []
+                   full_results_dir: str | os.PathLike | None = None,
+                   width: int | None = None) -> str:
+    """The main job's report: one block per notebook.
+
+    A block names the notebook, this run (size, backend, time; or which
+    cell failed and what it raised), and the committed full-size run of
+    ``full_results_dir`` (where it is, when it ran, stale or up to date,
+    which of its asserted claims failed). Then each claim, its statement
+    wrapped to ``width``: asserted or reported, the verdict at this run's
+    size and at full size in :func:`claims.shown_verdict`'s words (FAILED
+    after an asserted claim that did not hold, stale after a full-size one
+    whose sources changed since), the paper's number and ours in full. The
+    claims of the full-size run that this run does not make follow. Then
+    the run's metrics and where its files are.
+
+    A results dict whose ``"reproduce"`` holds ``"failure"`` is a notebook
+    that stopped (:class:`NotebookFailed`); its claims are the ones it wrote
+    before stopping, if it wrote them.
+    """
+    width = width or _report_width()
     full_dir = None if full_results_dir is None else Path(full_results_dir)
+    blocks = []
     for slug, results in results_by_slug.items():
-        info = results.get("reproduce", {})
+        info = results.get("reproduce", {}) or {}
         size = str(info.get("size", "?"))
-        lines = [f"{slug}: {size} size, backend {results.get('backend', '?')}, "
-                 f"notebook {_fmt(results.get('wall_time_s'))} s "
-                 f"(total {_fmt(info.get('total_wall_time_s'))} s)"]
-        full, where = _full_size_record(slug, full_dir)
-        full_verdicts = {c.get("name"): c.get("verdict") for c in full.get("claims") or []}
-        claims = results.get("claims") or []
-        if claims:
-            rows = []
-            for claim in claims:
-                mark = "" if claim.get("asserted") else " (reported)"
-                rows.append([
-                    _clip(claim.get("name", "?"), 36),
-                    f"{claim.get('verdict', '?')}{mark}",
-                    str(full_verdicts.get(claim.get("name"), "-")) if full else "-",
-                    _clip(claim.get("paper", ""), 40),
-                    _clip(claim.get("ours", ""), 120),
-                ])
-            lines += _table(["claim", "verdict here", "full size", "paper",
-                             f"ours ({size} size)"], rows)
+        failure = info.get("failure")
+        title = _title(info)
+        lines = _wrap(f"{slug}: {title}" if title else slug, "    ", width, "== ")
+        run = [f"this run: {_size_words(size)}", f"backend {results.get('backend', '?')}"]
+        if results.get("wall_time_s") is not None:
+            run.append(f"notebook {_fmt(results['wall_time_s'])} s")
+        if info.get("total_wall_time_s") is not None:
+            run.append(f"total {_fmt(info['total_wall_time_s'])} s")
+        lines += _wrap(", ".join(run), "    ", width, "  ")
+        has_results = "claims" in results or "metrics" in results
+        if failure:
+            lines += _failure_lines(failure, has_results, width)
+        committed = None if full_dir is None else full_dir / f"{slug}.json"
+        if (committed is not None and info.get("results")
+                and Path(info["results"]).resolve() == committed.resolve()):
+            full, stale, full_state = {}, False, ""
+            where = "full size: this run is the committed one"
         else:
-            lines.append("  (this notebook states no claims)")
+            full, where, stale = _full_size_record(slug, full_dir)
+            full_state = "compare" if full else ""
         if where:
-            lines.append(where)
-        metrics = [(name, _fmt(value)) for name, value in (results.get("metrics") or {}).items()]
+            lines += _wrap(where, "    ", width, "  ")
+        claims = [c for c in results.get("claims") or [] if isinstance(c, Mapping)]
+        full_claims = {c.get("name"): c for c in full.get("claims") or [] if isinstance(c, Mapping)}
+        if claims:
+            asserted = sum(bool(c.get("asserted")) for c in claims)
+            failed = [str(c.get("name", "?")) for c in claims if _claim_failed(c)]
+            lines.append(f"  claims: {asserted} asserted, {len(claims) - asserted} reported"
+                         + (f"; FAILED here: {', '.join(failed)}" if failed else ""))
+            for number, claim in enumerate(claims, 1):
+                lines += _claim_lines(number, claim, full_claims.get(claim.get("name")),
+                                      size=size, full_state=full_state, stale=stale, width=width)
+        elif has_results:
+            lines.append("  (this notebook states no claims)")
+        names = {c.get("name") for c in claims}
+        only_full = [c for name, c in full_claims.items() if name not in names]
+        if only_full and has_results:
+            lines.append(f"  claims of the full-size run only ({len(only_full)}):")
+            for number, claim in enumerate(only_full, len(claims) + 1):
+                lines += _claim_lines(number, None, claim, size=size, full_state=full_state,
+                                      stale=stale, width=width)
+        metrics = [f"{name}={_fmt(value)}"
+                   for name, value in (results.get("metrics") or {}).items()]
         if metrics:
-            lines.append("metrics:")
-            lines += _table(["metric", "value"], [[n, v] for n, v in metrics])
+            lines += _wrap(", ".join(metrics), "    ", width, "  metrics: ")
         if info.get("output"):
-            lines.append(f"executed notebook: {info['output']}")
-        if info.get("results"):
-            lines.append(f"results: {info['results']}")
+            lines += _wrap(f"executed notebook: {_display_path(Path(info['output']))}"
+                           + (f"; results: {_display_path(Path(info['results']))}"
+                              if info.get("results") and has_results else ""),
+                           "    ", width, "  ")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -561,8 +841,9 @@ def _recorded_backend(path: Path) -> str | None:
 def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespace, *,
                  full: bool, output_dir: str | os.PathLike, notebooks_dir: Path,
                  overrides: Mapping[str, Any]) -> int:
-    """Executes each ``(slug, backend)`` of ``plan``, prints the results;
-    returns 1 when one failed, else 0."""
+    """Executes each ``(slug, backend)`` of ``plan``, prints the report of
+    every notebook that wrote results (:func:`format_results`; one that
+    failed an assert cell too); returns 1 when one failed, else 0."""
     done: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
     for slug, backend in plan:
@@ -580,6 +861,12 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
                 log_output=args.log_output,
                 timeout=args.timeout,
             )
+        except NotebookFailed as error:
+            print(f"[reproduce] FAILED {error}", file=sys.stderr, flush=True)
+            failed.append(slug)
+            done[slug] = (error.results if error.results is not None
+                          else {"reproduce": error.info, "backend": backend or "default"})
+            continue
         except ReproductionError as error:
             print(f"[reproduce] FAILED {error}", file=sys.stderr, flush=True)
             failed.append(slug)
@@ -587,8 +874,14 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
         print(f"[reproduce] {slug}: done in {done[slug]['reproduce']['total_wall_time_s']} s",
               flush=True)
     if done:
+        width = _report_width()
         print()
-        print(format_results(done, full_results_dir=_checkout_root() / FULL_RESULTS_DIR))
+        print("\n".join(_wrap(LEGEND, "", width)))
+        print()
+        print(format_results(done, full_results_dir=_checkout_root() / FULL_RESULTS_DIR,
+                             width=width))
+        print(f"\n[reproduce] {len(plan) - len(failed)} of {len(plan)} notebook(s) passed",
+              flush=True)
     if failed:
         print(f"\n[reproduce] failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: the quick (CI-size) paper reproductions, executed with
-# papermill into build/notebooks/ with their results tables, then the
+# papermill into build/notebooks/ with a report of their claims, then the
 # benchmark of the attention layers (speed and memory against FullAttention,
 # on every backend). Arguments replace the benchmark's defaults, e.g.
 # `bash scripts/main.sh --layers full,local --lengths 16384 --backends torch`;

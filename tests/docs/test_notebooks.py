@@ -56,6 +56,20 @@ def test_exactly_one_parameters_cell(notebook_path):
     assert tagged[0]["cell_type"] == "code"
 
 
+def test_papermill_parses_the_parameters_cell(notebook_path, caplog):
+    """papermill reads the parameters cell line by line and warns ("Unable
+    to parse line N") on a line with two '=', e.g. one in a comment: every
+    line of the cell must parse, so that no run prints that warning."""
+    nbformat = pytest.importorskip("nbformat")
+    translators = pytest.importorskip("papermill.translators")
+    notebook = nbformat.read(str(notebook_path), as_version=4)
+    cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    with caplog.at_level("WARNING", logger="papermill"):
+        found = translators.PythonTranslator.inspect(cell)
+    assert not caplog.records, [record.getMessage() for record in caplog.records]
+    assert {p.name for p in found} == set(reproduce.notebook_parameters(_load(notebook_path)))
+
+
 def test_no_outputs_committed(notebook_path):
     notebook = _load(notebook_path)
     for index, cell in enumerate(_code_cells(notebook)):
