@@ -829,10 +829,24 @@ def _cost_claims(rows, backend, margins):
 # ------------------------------------------------------------------ claims
 
 
+#: What the detail of an asserted comparison says when its seeds do not
+#: separate the arms.
+UNTESTABLE_FAILS = ("asserted: not testable at this scale is a failure of the "
+                    "pre-registered check, not a claim left out")
+
+
 def _gated(claim):
-    """Asserted exactly when the seeds can separate the arms (the margin is
-    above the spread of both); otherwise reported as not testable."""
-    claim.asserted = claim.verdict != cl.NOT_TESTABLE
+    """An asserted comparison of two arms, whatever the seeds give.
+
+    Where the margin is not above the seed spread of both arms, the verdict
+    is *not testable at this scale*: the claim stays asserted, so it fails
+    (:func:`~keras_longattn.reproductions.claims.assert_claims` names it and
+    the table shows "not testable at this scale (asserted)"), and its detail
+    says so. It is never dropped from the asserts after the run (that would
+    let a broken arm that only adds noise pass)."""
+    claim.asserted = True
+    if claim.verdict == cl.NOT_TESTABLE:
+        claim.detail += f"; {UNTESTABLE_FAILS}"
     return claim
 
 
@@ -858,9 +872,10 @@ def linformer_claims(results: Mapping, margins: Mapping) -> list:
             ``min_memory_saving`` (the reported wall-clock and process-memory
             ratios at the longest n, smallest k).
 
-    The probes, ``full_learns``, the compiled-cost claims and, where the
-    margin is above the seed spread of both arms, the comparisons of the
-    arms are asserted; the wall-clock and process-memory claims are
+    The probes, ``full_learns``, the compiled-cost claims and the
+    comparisons of the arms are asserted (a comparison whose margin is not
+    above the seed spread of both arms is *not testable at this scale*, and
+    fails: :func:`_gated`); the wall-clock and process-memory claims are
     reported (see :data:`WALL_CLOCK_NOTE`).
     """
     out = []
@@ -913,8 +928,7 @@ def linformer_claims(results: Mapping, margins: Mapping) -> list:
         paper = PAPER_TABLE2.get(arm, {}).get("average")
         out.append(_gated(cl.no_worse_than(
             f"parity_{arm}", f"{task}: Linformer k = {k} is not behind full attention by "
-            f"{margins['parity_margin']} points (asserted where the margin is above the "
-            "seed spread)",
+            f"{margins['parity_margin']} points",
             acc[arm], acc["full"], margins["parity_margin"],
             paper=(f"{paper} vs {PAPER_TABLE2['roberta']['average']} (GLUE/IMDB "
                    "average, n = 512)" if paper else "parity (Table 2)"),

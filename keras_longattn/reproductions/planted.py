@@ -15,7 +15,11 @@ declares its variants as ``PLANTED``, a :class:`PlantedSet`:
 saw for each targeted claim: a variant is *caught* when every claim it
 targets is asserted and passes with the real layers and fails with the
 variant. ``tests/notebooks/test_planted_real.py`` requires every variant to
-be caught (on JAX, in CI); ``python -m keras_longattn.reproductions.planted
+be caught (on JAX, in CI; longify's set in ``test_planted_real_longify.py``);
+``tests/notebooks/test_planted_registry.py`` checks, without training, that
+every claim a committed full-size run asserts is targeted by a variant (by
+:func:`claim_family`: the size in a name aside);
+``python -m keras_longattn.reproductions.planted
 --write`` runs them all and writes ``docs/results/planted_bugs.json`` (with
 its provenance), whose table ``papers/README.md`` shows (claim → variant →
 what the check saw).
@@ -27,6 +31,7 @@ import argparse
 import dataclasses
 import functools
 import importlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,6 +45,7 @@ __all__ = [
     "PlantedVariant",
     "VariantCheck",
     "check",
+    "claim_family",
     "planted_sets",
     "results_table",
     "run_all",
@@ -58,10 +64,28 @@ PLANTED_MODULES = (
     "mpnet",
     "sandwich_transformer",
     "adaptive_span",
+    "longify",
 )
 
 #: Name of the committed results file (``docs/results/<name>.json``).
 RESULTS_NAME = "planted_bugs"
+
+
+#: A claim name's part that names a size parameter: Linformer's ``k`` of an
+#: arm (``parity_k64``, ``beats_control_k64``, ``cost_grows_with_n_k128``).
+_SIZED_SUFFIX = re.compile(r"_k[0-9]+$")
+
+
+def claim_family(name: str) -> str:
+    """The name of a claim with its size parameter left out.
+
+    A set's variants name the claims of the small planted run; the
+    full-size run names the same checks at its own sizes (Linformer's
+    ``beats_control_k8`` at the planted size is ``beats_control_k64`` and
+    ``beats_control_k128`` at full size). Both map to one family
+    (``beats_control_k<k>``), which is what a variant's target covers at
+    every size. Names without a size parameter are their own family."""
+    return _SIZED_SUFFIX.sub("_k<k>", name)
 
 
 @dataclasses.dataclass(frozen=True)

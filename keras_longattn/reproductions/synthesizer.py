@@ -837,6 +837,46 @@ class WithDotProduct(SynthesizerAttention):
         return logits + ops.einsum("bthd,bshd->bhts", q, ops.cast(key, dtype))
 
 
+class DotProductComponent(SynthesizerAttention):
+    """Bug: the component dispatch sends a synthetic component to the
+    dot-product branch: the logits of every component named in
+    :attr:`dispatched` (by default the random tables) are the query-key
+    logits ``q_t . k_s / sqrt(d)``; the mixture weights are the layer's."""
+
+    dispatched = ("random", "fixed_random", "factorized_random")
+
+    def synthetic_logits(self, query, key, dtype, query_start=0):
+        components = self.components
+        object.__setattr__(self, "components", tuple(
+            "vanilla" if c in self.dispatched else c for c in components))
+        try:
+            return super().synthetic_logits(query, key, dtype, query_start)
+        finally:
+            object.__setattr__(self, "components", components)
+
+
+class CrossedFactors(SynthesizerAttention):
+    """Bug in the factor product of ``factorized_dense``: the factor A of
+    query ``t`` is multiplied with the factor B synthesized from the token
+    at position ``s`` (``A(x_t) . B(x_s)``, contracted over the factors),
+    in place of tiling the query's own two factors over the positions: the
+    weights of a query compare it with the other tokens."""
+
+    def synthetic_logits(self, query, key, dtype, query_start=0):
+        syn = self._synthesizer
+        hidden = ops.relu(ops.cast(query, dtype))
+        m = min(self.factors)
+
+        def var(x):
+            return ops.cast(ops.convert_to_tensor(x), dtype)
+
+        fa = ops.einsum("bthd,hda->bhta", hidden, var(syn.factor_a_kernel))
+        fa = fa + var(syn.factor_a_bias)[None, :, None, :]
+        fb = ops.einsum("bshd,hdc->bhsc", hidden, var(syn.factor_b_kernel))
+        fb = fb + var(syn.factor_b_bias)[None, :, None, :]
+        return ops.einsum("bhta,bhsa->bhts", fa[..., :m], fb[..., :m])
+
+
 class _BuiltAs(SynthesizerAttention):
     """A layer asked for one kind that builds :attr:`built_kind` instead."""
 
@@ -859,11 +899,13 @@ class DenseAsVanilla(_BuiltAs):
     built_kind = "dense"
 
 
-#: The small size of the planted runs (the notebook's functions and claims).
+#: The small size of the planted runs (the notebook's functions and claims);
+#: the recall task trains every kind, as the full-size run does, so that
+#: each per-kind recall claim exists here and has its variant.
 PLANTED_SIZE = dict(
     num_heads=2, probe_length=8, probe_dim=8, train_steps=2,
     train_kinds=("fixed_random", "random", "random+vanilla"),
-    recall_kinds=("vanilla", "dense", "random+vanilla"), seeds=2,
+    recall_kinds=KINDS, seeds=2,
     recall=dict(pairs=8, num_keys=16, num_values=32, dim=32, batch_size=32,
                 learning_rate=1e-2, steps=120, test_sequences=256),
 )
@@ -888,6 +930,12 @@ _PLANTED_ARMS = {
     "vanilla_as_dense": ("recall", "vanilla", DenseAsVanilla),
     "dense_with_dot_product": ("recall", "dense", WithDotProduct),
     "mixture_without_vanilla": ("recall", "random+vanilla", MixtureWithoutVanilla),
+    "random_as_dot_product": ("recall", "random", DotProductComponent),
+    "fixed_random_with_dot_product": ("recall", "fixed_random", WithDotProduct),
+    "factorized_dense_crossed_factors": ("recall", "factorized_dense", CrossedFactors),
+    "factorized_random_as_dot_product": ("recall", "factorized_random", DotProductComponent),
+    "dense_random_as_dot_product": ("recall", "dense+random", DotProductComponent),
+    "dense_vanilla_without_vanilla": ("recall", "dense+vanilla", MixtureWithoutVanilla),
 }
 
 
@@ -984,4 +1032,36 @@ PLANTED = planted.PlantedSet("synthesizer", run=_planted_run, variants=(
         "mixture_without_vanilla",
         "a random+vanilla layer whose vanilla component has weight 0",
         ("recall_random+vanilla_as_vanilla",)),
+    # One variant per kind of the recall task's per-kind claims: a kind
+    # without the dot product that gets a query-key comparison after all
+    # (so vanilla no longer beats it), and a mixture that loses its own.
+    planted.PlantedVariant(
+        "random_as_dot_product",
+        "a random layer whose component dispatch computes the dot product in place of "
+        "its learned table",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_random")),
+    planted.PlantedVariant(
+        "fixed_random_with_dot_product",
+        "a fixed_random layer given the query-key dot product on top of its table",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_fixed_random")),
+    planted.PlantedVariant(
+        "factorized_dense_crossed_factors",
+        "a factorized_dense layer whose factor product multiplies query t's factor A with "
+        "the factor B of token s (A(x_t) . B(x_s)) instead of tiling the query's own "
+        "factors",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_factorized_dense")),
+    planted.PlantedVariant(
+        "factorized_random_as_dot_product",
+        "a factorized_random layer whose component dispatch computes the dot product in "
+        "place of the product of its two tables",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_factorized_random")),
+    planted.PlantedVariant(
+        "dense_random_as_dot_product",
+        "a dense+random layer whose random component is computed by the dot-product "
+        "branch",
+        ("recall_synthetic_near_chance", "recall_vanilla_beats_dense+random")),
+    planted.PlantedVariant(
+        "dense_vanilla_without_vanilla",
+        "a dense+vanilla layer whose vanilla component has weight 0",
+        ("recall_dense+vanilla_as_vanilla",)),
 ))

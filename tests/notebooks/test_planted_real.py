@@ -16,9 +16,10 @@ from keras_longattn.reproductions import planted as pl
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
                                 reason="the planted variants train on JAX only")
 
-#: Trained in test_planted_real_routing.py (the longest set: CI runs the two
-#: files in different lanes).
-ELSEWHERE = ("routing_transformer",)
+#: Trained elsewhere: routing in test_planted_real_routing.py (the longest
+#: set: CI runs the two files in different lanes), longify in
+#: test_planted_real_longify.py (it needs keras_hub).
+ELSEWHERE = ("routing_transformer", "longify")
 CASES = [(s.slug, v.name) for s in pl.planted_sets() for v in s.variants
          if s.slug not in ELSEWHERE]
 

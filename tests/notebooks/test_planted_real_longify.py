@@ -1,8 +1,9 @@
-"""The planted variants of the longify guide notebook (see
-test_planted_real.py, which runs those of the paper reproductions): each
-real broken conversion, trained and measured through the notebook's own
-functions at a small size, fails the claims it targets, and the real
-conversion passes them."""
+"""The planted variants of the longify guide notebook (registered in
+``planted.PLANTED_MODULES`` with the paper reproductions; trained here, not
+in test_planted_real.py, since they need keras_hub): each real broken
+conversion, trained and measured through the notebook's own functions at a
+small size, fails the claims it targets, and the real conversion passes
+them."""
 
 import pytest
 
@@ -11,12 +12,11 @@ import keras
 pytest.importorskip("keras_hub")
 
 from keras_longattn.reproductions import planted as pl  # noqa: E402
-from keras_longattn.reproductions import longify  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
                                 reason="the planted variants train on JAX only")
 
-LONGIFY = longify.PLANTED
+(LONGIFY,) = pl.planted_sets(["longify"])
 
 
 @pytest.mark.parametrize("variant", [v.name for v in LONGIFY.variants])

@@ -90,6 +90,24 @@ def test_planted_layers_are_broken_as_named():
     assert changes["random"]["synthesizer/random_logits"] == 0.0
 
 
+def test_recall_planted_layers_compare_the_query_with_other_tokens():
+    # The per-kind recall variants: a kind without the dot product that gets
+    # a query-key comparison after all reads the other tokens (the real
+    # kinds read none, test_planted_bugs_synthesizer.py), and a mixture
+    # without its vanilla component does not.
+    for kind, cls in (("random", syn.DotProductComponent),
+                      ("factorized_random", syn.DotProductComponent),
+                      ("dense+random", syn.DotProductComponent),
+                      ("fixed_random", syn.WithDotProduct),
+                      ("factorized_dense", syn.CrossedFactors)):
+        probe = syn.probe_kinds([kind], num_heads=2, length=6, dim=8,
+                                classes={kind: cls})[kind]
+        assert probe["other_token"] > 1e-3 and probe["future_leak"] == 0.0, (kind, probe)
+    probe = syn.probe_kinds(["dense+vanilla"], num_heads=2, length=6, dim=8,
+                            classes={"dense+vanilla": syn.MixtureWithoutVanilla})
+    assert probe["dense+vanilla"]["other_token"] == 0.0
+
+
 def test_every_planted_variant_has_an_arm():
     names = {v.name for v in syn.PLANTED.variants}
     assert names == set(syn._PLANTED_ARMS)
@@ -103,7 +121,13 @@ def test_every_planted_variant_has_an_arm():
                                   "mixture_learned", "recall_vanilla_solves",
                                   "recall_synthetic_near_chance",
                                   "recall_vanilla_beats_dense",
-                                  "recall_random+vanilla_as_vanilla"])
+                                  "recall_random+vanilla_as_vanilla",
+                                  "recall_vanilla_beats_random",
+                                  "recall_vanilla_beats_fixed_random",
+                                  "recall_vanilla_beats_factorized_dense",
+                                  "recall_vanilla_beats_factorized_random",
+                                  "recall_vanilla_beats_dense+random",
+                                  "recall_dense+vanilla_as_vanilla"])
 def test_every_asserted_claim_of_the_small_run_is_targeted(name):
     targeted = {c for v in syn.PLANTED.variants for c in v.claims}
     assert name in targeted
