@@ -17,6 +17,7 @@ from keras_longattn.layers.conversion import ConversionMixin
 from keras_longattn.layers.decoding import DecodingMixin
 from keras_longattn.layers.dispatch import auto_preference as dispatch_auto_preference
 from keras_longattn.layers.dispatch import collect_implementations
+from keras_longattn.layers.masking import check_mask as _check_mask
 from keras_longattn.layers.masking import set_keras_mask as _set_keras_mask
 
 #: ``(layer class name, reasons)`` pairs already warned about.
@@ -930,25 +931,3 @@ def _empty_call(query, value):
 def _zero_where_not(keep, x):
     """``x`` where ``keep`` (broadcast), exact zeros elsewhere."""
     return ops.where(keep, x, ops.zeros_like(x))
-
-
-def _check_mask(name, mask, expected, legend):
-    shape = tuple(mask.shape)
-    if len(shape) != len(expected) or any(
-        e is not None and s is not None and e != s for s, e in zip(shape, expected)
-    ):
-        raise ValueError(
-            f"`{name}` must have shape {_fmt_shape(expected, legend)}. "
-            f"Received: {name}.shape={shape}"
-        )
-    dtype = keras.backend.standardize_dtype(mask.dtype)
-    if dtype != "bool" and "int" not in dtype:
-        raise ValueError(
-            f"`{name}` must be boolean (True = attend) or integer 0/1. "
-            f"Received: {name}.dtype={dtype}"
-        )
-
-
-def _fmt_shape(shape, legend):
-    parts = [str(d) if d is not None else l for d, l in zip(shape, legend)]
-    return "(" + ", ".join(parts) + ")"

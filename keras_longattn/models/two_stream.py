@@ -33,7 +33,7 @@ tokens.
 import keras
 import numpy as np
 
-from keras_longattn.layers.base_attention import _check_mask
+from keras_longattn.layers.masking import check_mask as _check_mask
 from keras_longattn.models import _attention_config
 from keras_longattn.models._validation import check_int
 
