@@ -170,6 +170,12 @@ class BackendOps:
             q, k, v, mask=mask, is_causal=is_causal, scale=scale
         )
 
+    def as_tensor(self, x):
+        """``x`` as a tensor of the backend (``keras.ops.convert_to_tensor``;
+        a backend whose variables lack parts of the tensor API reads them
+        into tensors)."""
+        return ops.convert_to_tensor(x)
+
     def refuse_at_run_time(self, bad, value, message):
         """Raises ``message.format(value=...)`` when the traced boolean
         scalar ``bad`` is True at run time, where the backend can; returns

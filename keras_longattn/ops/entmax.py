@@ -53,6 +53,7 @@ import keras
 from keras import ops
 
 from keras_longattn._validation import positive_int
+from keras_longattn.kernels import backend_ops
 from keras_longattn.ops.reference import masked_softmax
 
 #: Bisection steps of :func:`entmax_bisect`. The threshold lies in an
@@ -148,18 +149,11 @@ def _check_alpha(alpha, low_inclusive=False):
 
 # ------------------------------------------------------------- plumbing
 def _as_tensor(x):
-    """``x`` as a tensor of the backend. ``keras.ops.convert_to_tensor``
-    returns a TensorFlow variable (``tf.Variable``, ``keras.Variable``) as
-    it is, and such a variable lacks parts of the tensor API that
-    ``keras.ops`` relies on (``ndim`` in ``moveaxis``): it is read into a
-    tensor here, once, at the entry of every function of this module."""
-    x = ops.convert_to_tensor(x)
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        if isinstance(x, (tf.Variable, keras.Variable)):
-            x = tf.convert_to_tensor(x)
-    return x
+    """``x`` as a tensor of the backend, read at the entry of every
+    function of this module (the backend table's ``as_tensor``: a
+    TensorFlow variable lacks parts of the tensor API that ``keras.ops``
+    relies on)."""
+    return backend_ops().as_tensor(x)
 
 
 def _float_dtype(scores):

@@ -9,6 +9,19 @@ from keras_longattn.kernels import BackendOps
 class TensorFlowOps(BackendOps):
     name = "tensorflow"
 
+    def as_tensor(self, x):
+        """``keras.ops.convert_to_tensor`` returns a ``tf.Variable`` (or
+        ``keras.Variable``) as it is; such a variable lacks parts of the
+        tensor API that ``keras.ops`` relies on (``ndim`` in ``moveaxis``):
+        it is read into a tensor."""
+        import keras
+        import tensorflow as tf
+
+        x = super().as_tensor(x)
+        if isinstance(x, (tf.Variable, keras.Variable)):
+            x = tf.convert_to_tensor(x)
+        return x
+
     def refuse_at_run_time(self, bad, value, message):
         """``tf.debugging.Assert`` in a graph; XLA (``jit_compile=True``)
         compiles asserts to nothing, so there it cannot. The value returned
