@@ -7,8 +7,8 @@ from keras import ops
 
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
-from keras_longattn.layers.decoding import known_index
 from keras_longattn.layers.decoding import only_written
+from keras_longattn.ops.checks import concrete_int
 from keras_longattn.ops import longformer as la_longformer
 
 
@@ -60,7 +60,7 @@ class LongformerDecoding:
         steps for several)."""
         inputs = self._call_state.decode_inputs
         cache = ops.cast(cache, key.dtype)
-        if query.shape[1] > 1 and known_index(index) == 0:
+        if query.shape[1] > 1 and concrete_int(index) == 0:
             return self._decode_prefill(query, key, value, inputs, cache, training)
 
         def step(q, k, v, x, cache, position):

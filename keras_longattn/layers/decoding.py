@@ -271,12 +271,6 @@ class HeldArgument:
 _CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def known_index(index):
-    """``cache_update_index`` as a Python int when its value is known while
-    the call is made (None when it is traced)."""
-    return la_checks.concrete_int(index)
-
-
 def only_written(x, written, dtype):
     """``x`` ``(B, S, ...)`` in ``dtype`` where ``written`` ``(S,)``, exact
     zeros elsewhere (a select: a non-finite value in a slot not written

@@ -13,8 +13,8 @@ from keras_longattn._validation import positive_int as _positive_int
 from keras_longattn import ops as la_ops
 from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
-from keras_longattn.layers.decoding import known_index
 from keras_longattn.layers.decoding import only_written
+from keras_longattn.ops.checks import concrete_int
 from keras_longattn.layers.dispatch import implementation
 from keras_longattn.layers.dispatch import is_training
 from keras_longattn.ops import kmeans
@@ -832,7 +832,7 @@ class RoutingAttention(BaseAttention):
         runs its tokens one at a time, each against the cache through
         per-head masks (O(max_length) per token)."""
         T = query.shape[1]
-        if T > 1 and known_index(index) == 0:
+        if T > 1 and concrete_int(index) == 0:
             return self._decode_prefill(query, key, value, cache, training)
 
         def step(q, k, v, cache, position):
