@@ -2,7 +2,10 @@
 
 import json
 
+import keras
 from keras import ops
+
+from keras_longattn.hub._keras_hub import Backbone
 
 #: Constructor arguments of our layers that the converter takes from the
 #: backbone (an attention config may not set them).
@@ -139,6 +142,21 @@ class _AttentionSpecMixin:
         config = super().get_config()
         config["attention"] = self.attention
         return config
+
+    def _build_decoder_graph(self, dtype, **kwargs):
+        """The functional graph of keras-hub's Llama and Mistral backbones,
+        from ``self.token_embedding``, ``self.transformer_layers`` and
+        ``self.layer_norm``: token ids and padding mask in, every block
+        called with the padding mask, the final norm out."""
+        token_id_input = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask_input = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        x = self.token_embedding(token_id_input)
+        for transformer_layer in self.transformer_layers:
+            x = transformer_layer(x, decoder_padding_mask=padding_mask_input)
+        Backbone.__init__(
+            self,
+            inputs={"token_ids": token_id_input, "padding_mask": padding_mask_input},
+            outputs=self.layer_norm(x), dtype=dtype, **kwargs)
 
 
 def _padding(mask):

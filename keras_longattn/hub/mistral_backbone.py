@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_longattn.hub._keras_hub import Backbone
 from keras_longattn.hub._keras_hub import MistralBackbone
 from keras_longattn.hub._keras_hub import MistralLayerNormalization
 from keras_longattn.hub._keras_hub import _mistral_kernel_initializer
@@ -61,16 +60,7 @@ class LongMistralBackbone(_AttentionSpecMixin, MistralBackbone):
         ]
         self.layer_norm = MistralLayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="sequence_output_layernorm")
-        token_id_input = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask_input = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        x = self.token_embedding(token_id_input)
-        for transformer_layer in self.transformer_layers:
-            x = transformer_layer(x, decoder_padding_mask=padding_mask_input)
-        sequence_output = self.layer_norm(x)
-        Backbone.__init__(
-            self,
-            inputs={"token_ids": token_id_input, "padding_mask": padding_mask_input},
-            outputs=sequence_output, dtype=dtype, **kwargs)
+        self._build_decoder_graph(dtype, **kwargs)
         self.vocabulary_size = vocabulary_size
         self.num_layers = num_layers
         self.num_query_heads = num_query_heads
