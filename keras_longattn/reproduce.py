@@ -76,6 +76,8 @@ __all__ = [
     "default_notebooks_dir",
     "execute_notebook",
     "format_results",
+    "history_entry",
+    "keep_history",
     "list_notebooks",
     "main",
     "notebook_metadata",
@@ -83,6 +85,7 @@ __all__ = [
     "resolve_parameters",
     "run",
     "stale_results",
+    "unregistered_files",
 ]
 
 #: Where executed notebooks and their JSON results go by default.
@@ -350,9 +353,12 @@ def execute_notebook(
         results_file.unlink()
 
     _check_kernel()
-    # The kernel inherits this environment.
+    # The kernel inherits this environment; the notebook's path goes into
+    # its results' provenance (the notebook is part of what a result
+    # depends on).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    os.environ["KERAS_LONGATTN_NOTEBOOK"] = str(source.resolve())
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -374,7 +380,7 @@ def execute_notebook(
             cwd=str(output_dir),
             progress_bar=False,
             log_output=log_output,
-            extra_arguments=list(KERNEL_ARGUMENTS),
+            extra_arguments=kernel_arguments(),
             **engine_kwargs,
         )
     except PapermillExecutionError as error:
@@ -408,6 +414,21 @@ def execute_notebook(
 #: 127.0.0.1, every message signed with the key of a connection file only
 #: this user can read); a notice printed on every run that nobody can act on.
 KERNEL_ARGUMENTS = ("--IPKernelApp.log_level=ERROR",)
+
+
+def kernel_arguments() -> list[str]:
+    """:data:`KERNEL_ARGUMENTS`, and a line the kernel runs before the first
+    cell: it starts :mod:`keras_longattn.reproductions.recording` (loaded by
+    path, so the notebook still picks the Keras backend), which records the
+    layers and models the notebook builds for its results' behaviour
+    fingerprints."""
+    recorder = Path(__file__).resolve().parent / "reproductions" / "recording.py"
+    spec_line = (
+        "import importlib.util as _u, sys as _s; "
+        f"_p = _u.spec_from_file_location('keras_longattn.reproductions.recording', {str(recorder)!r}); "
+        "_m = _u.module_from_spec(_p); _s.modules[_p.name] = _m; "
+        "_p.loader.exec_module(_m); _m.start(); del _u, _s, _p, _m")
+    return [*KERNEL_ARGUMENTS, f"--IPKernelApp.exec_lines={json.dumps([spec_line])}"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
@@ -777,6 +798,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              f"checkout, whose results are checked and re-run in place)")
     parser.add_argument("--notebooks-dir", default=None,
                         help="where the notebooks are (default: notebooks/ of the checkout)")
+    parser.add_argument("--unregistered", action="store_true",
+                        help="with --full: run although the notebook or its paper module "
+                             "differs from the last commit (the result then records that its "
+                             "checks were not pre-registered)")
     parser.add_argument("-p", "--parameter", dest="parameters", action="append", default=[],
                         type=_parameter, metavar="NAME=VALUE",
                         help="override one parameter (a Python literal or a string); repeatable")
@@ -846,7 +871,18 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
     failed an assert cell too); returns 1 when one failed, else 0."""
     done: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
+    if full and not getattr(args, "unregistered", False):
+        unregistered = {slug: files for slug, _ in plan
+                        if (files := unregistered_files(slug, notebooks_dir))}
+        if unregistered:
+            for slug, files in unregistered.items():
+                print(f"[reproduce] {slug}: a full-size run's checks (thresholds, margins, steps, "
+                      f"seeds) must be fixed in a commit before it runs; commit "
+                      f"{', '.join(files)} first (or pass --unregistered)",
+                      file=sys.stderr, flush=True)
+            return 2
     for slug, backend in plan:
+        previous = _read_results(Path(output_dir) / f"{slug}.json") if full else None
         size = "full size" if full else "CI size"
         print(f"[reproduce] {slug}: {size}, backend {backend or 'default'} -> "
               f"{Path(output_dir) / (slug + '.ipynb')}", flush=True)
@@ -866,11 +902,15 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
             failed.append(slug)
             done[slug] = (error.results if error.results is not None
                           else {"reproduce": error.info, "backend": backend or "default"})
+            if full and error.results is not None:
+                keep_history(Path(output_dir) / f"{slug}.json", previous)
             continue
         except ReproductionError as error:
             print(f"[reproduce] FAILED {error}", file=sys.stderr, flush=True)
             failed.append(slug)
             continue
+        if full:
+            keep_history(Path(output_dir) / f"{slug}.json", previous)
         print(f"[reproduce] {slug}: done in {done[slug]['reproduce']['total_wall_time_s']} s",
               flush=True)
     if done:
@@ -886,6 +926,72 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
         print(f"\n[reproduce] failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def unregistered_files(slug: str, notebooks_dir: str | os.PathLike | None = None) -> list[str]:
+    """The files that fix a full-size run's checks (the notebook, and its
+    paper module ``keras_longattn/reproductions/<slug>.py``) whose content
+    differs from the last commit (``[]`` outside a git checkout)."""
+    root = _checkout_root()
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else default_notebooks_dir()
+    candidates = [notebooks_dir / f"{slug}.ipynb",
+                  root / "keras_longattn" / "reproductions" / f"{slug}.py"]
+    files = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            relative = path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        try:
+            result = subprocess.run(["git", "status", "--porcelain", "--", relative], cwd=root,
+                                    capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return []
+        if result.returncode != 0:
+            return []
+        if result.stdout.strip():
+            files.append(relative)
+    return files
+
+
+#: Parameters of a run that are set-up, not checks (left out of its history).
+_NOT_CHECKS = ("backend", "results_path")
+
+
+def history_entry(results: Mapping[str, Any]) -> dict[str, Any]:
+    """What a results file's ``history`` keeps of a run: when and on what it
+    ran, its parameters (thresholds, margins, steps, seeds), each claim's
+    verdict and measurement, and the asserted claims that failed."""
+    record = results.get("provenance") or {}
+    claims = [c for c in results.get("claims") or [] if isinstance(c, Mapping)]
+    return {
+        "commit": record.get("commit"),
+        "date": record.get("date"),
+        "notebook_sha256": (record.get("notebook") or {}).get("sha256"),
+        "parameters": {k: v for k, v in (results.get("parameters") or {}).items()
+                       if k not in _NOT_CHECKS},
+        "claims": [{"name": c.get("name"), "verdict": c.get("verdict"),
+                    "asserted": c.get("asserted"), "ours": c.get("ours")} for c in claims],
+        "failed": [c.get("name") for c in claims
+                   if c.get("asserted") and c.get("verdict") != "reproduced"],
+    }
+
+
+def keep_history(path: Path, previous: Mapping[str, Any] | None) -> None:
+    """Adds the run ``previous`` (the results the new run at ``path``
+    replaced) and its own history to the new results' ``history``, so that
+    a page keeps every earlier threshold with the result under it."""
+    if previous is None or not path.is_file():
+        return
+    results = _read_results(path)
+    if results is None:
+        return
+    history = [entry for entry in previous.get("history") or [] if isinstance(entry, Mapping)]
+    history.append(history_entry(previous))
+    results["history"] = history
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 def _strip_suffix(slug: str) -> str:

@@ -29,6 +29,32 @@ commit that touched one of the changed files. ``keras-longattn reproduce
 --stale`` lists the stale results of ``docs/results/`` and the docs' paper
 pages show the same :meth:`Staleness.note`.
 
+**Current by behaviour.** A run that recorded what it built
+(``keras-longattn reproduce`` starts :mod:`.recording` in the kernel) also
+stores, under ``"behaviour"``, its *subjects* (every layer and model of the
+package the run called: config and call arguments) and their fingerprints
+(:mod:`.behaviour`: outputs, gradients and state on fixed seeded inputs and
+weights, and the path that ran), and, under ``"notebook"``, the notebook's
+file and hash. Such a result then depends on
+
+* **by bytes**, the *harness* (:func:`is_harness`): the notebook file, and
+  the recorded files of ``reproductions/`` (the paper modules), the data
+  (``datasets/``, ``lra/``), ``benchmarks/``, the keras-hub converter
+  (``hub/``, whose weight copying no config shows) and ``models/generation.py``
+  (sampling); the modules that only record, show or judge
+  (:data:`PRESENTATION`: this one, the recorder, the fingerprints, the pages,
+  the claim checks, whose stored fields the pages re-derive their words
+  from, and the planted variants, except for the planted run) count for
+  nothing;
+* **by behaviour**, every other recorded file (layers, ops, kernels, models,
+  specs, parallel): when one of them changed by bytes, the subjects are
+  fingerprinted again on the recorded backend (:func:`fingerprint_subjects`,
+  a subprocess, cached under ``build/fingerprints/``) and the result stays
+  current when every fingerprint agrees (:func:`behaviour.compare`).
+
+A result without a behaviour record (or whose fingerprints could not all be
+computed when it ran) is checked by bytes alone, as before.
+
 Only the standard library is imported, and nothing of the package: the docs
 build loads this file on its own (without importing ``keras_longattn``).
 """
@@ -52,6 +78,10 @@ __all__ = [
     "check_directory",
     "check_results",
     "collect",
+    "fingerprint_subjects",
+    "is_harness",
+    "needed_fingerprints",
+    "tree_hash",
     "combined_hash",
     "file_sha256",
     "format_stale",
@@ -71,6 +101,36 @@ NATIVE_SOURCE_DIRS = ("csrc",)
 #: Packages whose versions are recorded, when the process imported them.
 VERSIONED_PACKAGES = ("keras", "jax", "jaxlib", "tensorflow", "torch", "numpy")
 NO_PROVENANCE = "no provenance recorded"
+#: The environment variable ``keras-longattn reproduce`` sets to the notebook
+#: it runs (read by :func:`collect`).
+NOTEBOOK_ENV_VAR = "KERAS_LONGATTN_NOTEBOOK"
+#: Files that record, show or judge results: no result depends on their bytes.
+PRESENTATION = frozenset({
+    "keras_longattn/reproductions/__init__.py",
+    "keras_longattn/reproductions/provenance.py",
+    "keras_longattn/reproductions/recording.py",
+    "keras_longattn/reproductions/behaviour.py",
+    "keras_longattn/reproductions/pages.py",
+    "keras_longattn/reproductions/claims.py",
+    "keras_longattn/reproductions/planted.py",
+})
+#: Results files whose run is the planted variants (planted.py is their harness).
+PLANTED_NAMES = frozenset({"planted_bugs"})
+#: Files and folders of the harness, checked by bytes (see the docstring).
+HARNESS_PREFIXES = (
+    "notebooks/",
+    "keras_longattn/reproductions/",
+    "keras_longattn/datasets/",
+    "keras_longattn/lra/",
+    "keras_longattn/benchmarks/",
+    "keras_longattn/hub/",
+    "keras_longattn/hub.py",
+    "keras_longattn/tokenizers.py",
+    "keras_longattn/models/generation.py",
+)
+BEHAVIOUR_FILE = Path(__file__).with_name("behaviour.py")
+#: Where computed fingerprints are cached, relative to the root.
+FINGERPRINT_CACHE = "build/fingerprints"
 
 
 # ---------------------------------------------------------------------------
@@ -209,6 +269,135 @@ def _backend(modules: Mapping[str, Any]) -> str | None:
         return None
 
 
+def is_harness(relative: str, name: str = "") -> bool | None:
+    """How a result named ``name`` depends on the file ``relative`` (a path
+    relative to the root): ``True`` by bytes (the harness), ``False`` by
+    behaviour (library code its subjects run), ``None`` not at all
+    (:data:`PRESENTATION`)."""
+    if relative in PRESENTATION:
+        if relative.endswith("/planted.py") and name in PLANTED_NAMES:
+            return True
+        return None
+    return relative.startswith(HARNESS_PREFIXES)
+
+
+def _notebook_record(root: Path) -> dict[str, Any] | None:
+    """The notebook this run executes (:data:`NOTEBOOK_ENV_VAR`): its path
+    relative to ``root``, sha256 and whether it equals the committed file."""
+    value = os.environ.get(NOTEBOOK_ENV_VAR)
+    if not value:
+        return None
+    path = Path(value).resolve()
+    try:
+        relative = path.relative_to(root).as_posix()
+    except ValueError:
+        relative = path.name
+    if not path.is_file():
+        return None
+    digest = file_sha256(path)
+    committed = None
+    if _checkout(root):
+        blob = _git_bytes(root, "show", f"HEAD:{relative}")
+        committed = blob is not None and hashlib.sha256(blob).hexdigest() == digest
+    return {"path": relative, "sha256": digest, "committed": committed}
+
+
+def _git_bytes(root: Path, *args: str) -> bytes | None:
+    try:
+        result = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def tree_hash(root: str | os.PathLike) -> str:
+    """One sha256 over every source file of the package under ``root`` (the
+    key of the fingerprint cache)."""
+    package = _package_dir(Path(root))
+    files = {p.relative_to(package).as_posix(): file_sha256(p)
+             for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+             and p.suffix in (".py", ".cc", ".cpp", ".cu", ".h", ".json")}
+    return combined_hash(files)
+
+
+def _subject_key(subject: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(subject, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint_subjects(subjects: Iterable[Mapping[str, Any]], backend: str,
+                         root: str | os.PathLike | None = None, *,
+                         cache: bool = True, timeout: float = 1800) -> dict[str, Any]:
+    """``{subject key: fingerprint}`` of ``subjects`` on ``backend``, with the
+    package under ``root`` (default: this checkout), computed in a fresh
+    Python process (``behaviour.py`` of this checkout run by path, ``root``
+    first on ``PYTHONPATH``, ``XLA_FLAGS`` cleared). Fingerprints are cached
+    in ``<root>/build/fingerprints/`` by backend, subject and the hash of
+    the package's sources.
+
+    Raises:
+        RuntimeError: when the process fails.
+    """
+    import tempfile
+
+    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
+    subjects = list(subjects)
+    tree = tree_hash(root) + file_sha256(BEHAVIOUR_FILE)[:16]
+    cache_dir = root / FINGERPRINT_CACHE
+    cache_file = cache_dir / f"{backend}-{hashlib.sha256(tree.encode()).hexdigest()[:20]}.json"
+    known: dict[str, Any] = {}
+    if cache and cache_file.is_file():
+        try:
+            known = json.loads(cache_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            known = {}
+    missing = [s for s in subjects if _subject_key(s) not in known]
+    if missing:
+        with tempfile.TemporaryDirectory() as scratch:
+            source, target = Path(scratch) / "subjects.json", Path(scratch) / "out.json"
+            source.write_text(json.dumps(missing), encoding="utf-8")
+            env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS="",
+                       TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0",
+                       PYTHONPATH=os.pathsep.join([str(root)] + [
+                           p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+            env.pop(NOTEBOOK_ENV_VAR, None)
+            result = subprocess.run([sys.executable, str(BEHAVIOUR_FILE), str(source), str(target)],
+                                    cwd=scratch, env=env, capture_output=True, text=True,
+                                    timeout=timeout)
+            if result.returncode != 0 or not target.is_file():
+                raise RuntimeError(f"fingerprinting {len(missing)} subject(s) on {backend} failed: "
+                                   f"{result.stderr.strip()[-2000:]}")
+            known.update(json.loads(target.read_text(encoding="utf-8")))
+        if cache:
+            try:
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                cache_file.write_text(json.dumps(known), encoding="utf-8")
+            except OSError:
+                pass
+    return {_subject_key(s): known[_subject_key(s)] for s in subjects}
+
+
+def _behaviour_record(modules: Mapping[str, Any], root: Path) -> dict[str, Any] | None:
+    """The subjects this process recorded and their fingerprints (``None``
+    when it did not record)."""
+    recorder = modules.get("keras_longattn.reproductions.recording")
+    if recorder is None or not getattr(recorder, "_state", {}).get("started"):
+        return None
+    subjects = recorder.subjects()
+    backend = _backend(modules)
+    record: dict[str, Any] = {"schema": BEHAVIOUR_SCHEMA, "backend": backend,
+                              "subjects": subjects, "skipped": recorder.skipped()}
+    try:
+        record["fingerprints"] = fingerprint_subjects(subjects, backend, root, cache=False)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        record["fingerprints"] = None
+        record["error"] = str(error)[-500:]
+    return record
+
+
+#: Version of the behaviour record (and of ``behaviour.SCHEMA``).
+BEHAVIOUR_SCHEMA = 1
+
+
 def collect(modules: Mapping[str, Any] | None = None,
             root: str | os.PathLike | None = None) -> dict[str, Any]:
     """The provenance record of this process (see the module's docstring).
@@ -231,6 +420,12 @@ def collect(modules: Mapping[str, Any] | None = None,
         "source_files": files,
         "machine": _machine(modules),
     })
+    notebook = _notebook_record(root)
+    if notebook is not None:
+        record["notebook"] = notebook
+    behaviour = _behaviour_record(modules, root)
+    if behaviour is not None:
+        record["behaviour"] = behaviour
     return record
 
 
@@ -278,11 +473,23 @@ class Staleness:
     changed: tuple[str, ...] = ()
     commit: str | None = None
     since: str | None = None
+    #: Library files that changed by bytes while every fingerprint agreed
+    #: (an up-to-date result), or whose change altered a fingerprint.
+    behaviour_files: tuple[str, ...] = ()
+    #: How fingerprints differ (``"<subject>: <difference>"``), when they do.
+    differences: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line: ``<name>: <what changed>``."""
         if not self.stale:
+            if self.behaviour_files:
+                return (f"{self.name}: up to date (behaviour unchanged; "
+                        f"{len(self.behaviour_files)} library files changed by bytes)")
             return f"{self.name}: up to date"
+        if self.differences:
+            shown = "; ".join(self.differences[:3])
+            more = f" (+{len(self.differences) - 3} more)" if len(self.differences) > 3 else ""
+            return (f"{self.name}: stale, behaviour changed {self._since_text()}: {shown}{more}")
         if not self.changed:
             return f"{self.name}: stale, {self.reason}"
         return f"{self.name}: stale {self._since_text()} ({self._files_text()})"
@@ -292,6 +499,9 @@ class Staleness:
         the result is up to date)."""
         if not self.stale:
             return ""
+        if self.differences:
+            return (f"Stale: the behaviour of the code this run used changed "
+                    f"{self._since_text()} ({'; '.join(self.differences[:3])}).")
         if not self.changed:
             return f"Stale: {self.reason} for this run."
         return (f"Stale: the sources of this run changed {self._since_text()} "
@@ -312,6 +522,8 @@ class Staleness:
         record = dataclasses.asdict(self)
         record["path"] = str(self.path)
         record["changed"] = list(self.changed)
+        record["behaviour_files"] = list(self.behaviour_files)
+        record["differences"] = list(self.differences)
         return record
 
 
@@ -322,37 +534,139 @@ def _first_commit_since(root: Path, commit: str, files: Iterable[str]) -> str | 
     return log.split()[0]
 
 
-def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Staleness:
-    """Whether the results file ``path`` is stale against the sources under
-    ``root`` (default: the folder holding this package).
+def _load_behaviour():
+    """:mod:`.behaviour`, loaded by path (it imports only the standard
+    library at module level)."""
+    import importlib.util
 
-    Raises:
-        ValueError: if ``path`` is not a JSON object.
-    """
-    path = Path(path)
-    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
+    name = "keras_longattn.reproductions.behaviour"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location("_keras_longattn_behaviour", BEHAVIOUR_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read(path: Path) -> dict[str, Any]:
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(results, dict):
         raise ValueError(f"{path} does not hold a JSON object. Received: {type(results).__name__}")
+    return results
+
+
+def _usable_behaviour(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The behaviour record when it can decide staleness: every subject has
+    a fingerprint that was computed, in today's layout."""
+    behaviour = record.get("behaviour")
+    if not isinstance(behaviour, dict) or behaviour.get("schema") != BEHAVIOUR_SCHEMA:
+        return None
+    subjects, prints = behaviour.get("subjects"), behaviour.get("fingerprints")
+    if not isinstance(subjects, list) or not subjects or not isinstance(prints, dict):
+        return None
+    keys = [_subject_key(subject) for subject in subjects]
+    if any(key not in prints or "error" in prints[key] for key in keys):
+        return None
+    return behaviour
+
+
+def _changed_files(record: Mapping[str, Any], root: Path) -> list[str]:
+    changed = []
+    for relative, digest in record["source_files"].items():
+        current = root / relative
+        if not current.is_file() or file_sha256(current) != digest:
+            changed.append(relative)
+    notebook = record.get("notebook")
+    if isinstance(notebook, dict) and notebook.get("path"):
+        current = root / notebook["path"]
+        if not current.is_file() or file_sha256(current) != notebook.get("sha256"):
+            changed.append(notebook["path"])
+    return sorted(changed)
+
+
+def needed_fingerprints(path: str | os.PathLike, root: str | os.PathLike | None = None
+                        ) -> tuple[str, list[dict[str, Any]]] | None:
+    """``(backend, subjects)`` whose fingerprints :func:`check_results` needs
+    to decide on ``path`` (``None`` when bytes decide)."""
+    path = Path(path)
+    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
+    record = _read(path).get(PROVENANCE_KEY)
+    if not isinstance(record, dict) or not isinstance(record.get("source_files"), dict):
+        return None
+    behaviour = _usable_behaviour(record)
+    if behaviour is None:
+        return None
+    kinds = [is_harness(f, path.stem) for f in _changed_files(record, root)]
+    if True in kinds or False not in kinds:
+        return None
+    return behaviour["backend"], behaviour["subjects"]
+
+
+def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None, *,
+                  fingerprints: Mapping[str, Any] | None = None) -> Staleness:
+    """Whether the results file ``path`` is stale against the sources under
+    ``root`` (default: the folder holding this package).
+
+    With a behaviour record (see the module's docstring) a result is stale
+    when a harness file or the notebook changed, or when a library file
+    changed and a subject's fingerprint now differs; ``fingerprints``
+    (``{subject key: fingerprint}``, as :func:`fingerprint_subjects`
+    returns) saves computing them. Without one, any change of a recorded
+    file makes it stale.
+
+    Raises:
+        ValueError: if ``path`` is not a JSON object.
+    """
+    path = Path(path)
+    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
+    results = _read(path)
     name = path.stem
     record = results.get(PROVENANCE_KEY)
     if not isinstance(record, dict) or not isinstance(record.get("source_files"), dict):
         return Staleness(name, path, True, NO_PROVENANCE)
-    recorded = record["source_files"]
     commit = record.get("commit")
-    changed = []
-    for relative, digest in recorded.items():
-        current = root / relative
-        if not current.is_file() or file_sha256(current) != digest:
-            changed.append(relative)
+    changed = _changed_files(record, root)
+    behaviour = _usable_behaviour(record)
+    if behaviour is not None:
+        harness = [f for f in changed if is_harness(f, name) is True]
+        library = [f for f in changed if is_harness(f, name) is False]
+        if not harness and not library:
+            return Staleness(name, path, False, "up to date", commit=commit)
+        if not harness:
+            differences = _fingerprint_differences(behaviour, root, fingerprints)
+            if not differences:
+                return Staleness(name, path, False, "up to date", commit=commit,
+                                 behaviour_files=tuple(library))
+            since = _first_commit_since(root, commit, library) if commit else None
+            return Staleness(name, path, True, "behaviour changed", tuple(library), commit, since,
+                             behaviour_files=tuple(library), differences=tuple(differences))
+        changed = harness
     if not changed:
         return Staleness(name, path, False, "up to date", commit=commit)
-    changed.sort()
     since = _first_commit_since(root, commit, changed) if commit else None
     return Staleness(name, path, True, "sources changed", tuple(changed), commit, since)
+
+
+def _fingerprint_differences(behaviour: Mapping[str, Any], root: Path,
+                             fingerprints: Mapping[str, Any] | None) -> list[str]:
+    subjects = behaviour["subjects"]
+    if fingerprints is None or any(_subject_key(s) not in fingerprints for s in subjects):
+        try:
+            fingerprints = fingerprint_subjects(subjects, behaviour["backend"], root)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+            return [f"fingerprints could not be computed: {str(error)[-300:]}"]
+    compare = _load_behaviour().compare
+    differences = []
+    for subject in subjects:
+        key = _subject_key(subject)
+        found = compare(behaviour["fingerprints"][key], fingerprints[key])
+        if found:
+            label = subject.get("layer", {}).get("class_name", "?")
+            differences.append(f"{label} {key}: {', '.join(found[:2])}")
+    return differences
 
 
 def check_directory(directory: str | os.PathLike,
@@ -362,7 +676,25 @@ def check_directory(directory: str | os.PathLike,
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return [check_results(path, root) for path in sorted(directory.glob("*.json"))]
+    paths = sorted(directory.glob("*.json"))
+    # One fingerprinting process per backend for every result that needs one.
+    wanted: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        try:
+            needed = needed_fingerprints(path, root)
+        except ValueError:
+            needed = None
+        if needed is not None:
+            backend, subjects = needed
+            for subject in subjects:
+                wanted.setdefault(backend, {})[_subject_key(subject)] = subject
+    computed: dict[str, Any] = {}
+    for backend, subjects in wanted.items():
+        try:
+            computed.update(fingerprint_subjects(list(subjects.values()), backend, root))
+        except (RuntimeError, OSError, subprocess.SubprocessError):
+            pass  # check_results reports it per result
+    return [check_results(path, root, fingerprints=computed or None) for path in paths]
 
 
 def format_stale(checks: Iterable[Staleness]) -> str:
