@@ -84,6 +84,7 @@ __all__ = [
     "notebook_parameters",
     "resolve_parameters",
     "run",
+    "stale_benchmarks",
     "stale_results",
     "unregistered_files",
 ]
@@ -92,6 +93,9 @@ __all__ = [
 DEFAULT_OUTPUT_DIR = "build/notebooks"
 #: The committed full-size runs, relative to the checkout (``--stale``).
 FULL_RESULTS_DIR = "docs/results"
+#: The committed benchmark runs (``--stale`` checks them too; they are
+#: re-run with the command each one records, not by ``--run``).
+BENCHMARK_RESULTS_DIR = "docs/benchmarks"
 #: The results file of the planted variants (``reproductions.planted``),
 #: which ``--stale --run`` re-creates with that module, not with a notebook.
 PLANTED_RESULTS = "planted_bugs"
@@ -317,8 +321,14 @@ def execute_notebook(
     notebooks_dir: str | os.PathLike | None = None,
     log_output: bool = False,
     timeout: float | None = None,
+    record: bool | None = None,
 ) -> dict[str, Any]:
     """Executes ``notebooks/<slug>.ipynb`` into ``<output_dir>/<slug>.ipynb``.
+
+    ``record`` (default: ``full``) starts the recording of the layers and
+    models the notebook calls (:func:`kernel_arguments`), whose fingerprints
+    its results then store: what keeps a committed full-size result current
+    by behaviour. CI-size runs skip it (fingerprinting costs seconds).
 
     Returns:
         The notebook's results (the JSON it wrote), with ``"reproduce"``
@@ -380,7 +390,7 @@ def execute_notebook(
             cwd=str(output_dir),
             progress_bar=False,
             log_output=log_output,
-            extra_arguments=kernel_arguments(),
+            extra_arguments=kernel_arguments(record=full if record is None else record),
             **engine_kwargs,
         )
     except PapermillExecutionError as error:
@@ -416,12 +426,14 @@ def execute_notebook(
 KERNEL_ARGUMENTS = ("--IPKernelApp.log_level=ERROR",)
 
 
-def kernel_arguments() -> list[str]:
-    """:data:`KERNEL_ARGUMENTS`, and a line the kernel runs before the first
-    cell: it starts :mod:`keras_longattn.reproductions.recording` (loaded by
-    path, so the notebook still picks the Keras backend), which records the
-    layers and models the notebook builds for its results' behaviour
-    fingerprints."""
+def kernel_arguments(record: bool = True) -> list[str]:
+    """:data:`KERNEL_ARGUMENTS`, and with ``record`` a line the kernel runs
+    before the first cell: it starts
+    :mod:`keras_longattn.reproductions.recording` (loaded by path, so the
+    notebook still picks the Keras backend), which records the layers and
+    models the notebook builds for its results' behaviour fingerprints."""
+    if not record:
+        return list(KERNEL_ARGUMENTS)
     recorder = Path(__file__).resolve().parent / "reproductions" / "recording.py"
     spec_line = (
         "import importlib.util as _u, sys as _s; "
@@ -798,6 +810,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              f"checkout, whose results are checked and re-run in place)")
     parser.add_argument("--notebooks-dir", default=None,
                         help="where the notebooks are (default: notebooks/ of the checkout)")
+    parser.add_argument("--refresh", action="store_true",
+                        help="with --stale: note in each result that is current by behaviour "
+                             "(library files changed, fingerprints agree) the files as they are "
+                             "now, so later checks fingerprint only what changes after")
+    parser.add_argument("--record", action="store_true",
+                        help="record the layers and models the notebook calls at CI size too "
+                             "(full-size runs always do: their results store the fingerprints)")
     parser.add_argument("--unregistered", action="store_true",
                         help="with --full: run although the notebook or its paper module "
                              "differs from the last commit (the result then records that its "
@@ -851,6 +870,12 @@ def stale_results(directory: str | os.PathLike | None = None) -> list:
     return provenance.check_directory(directory, root=_checkout_root())
 
 
+def stale_benchmarks() -> list:
+    """:func:`stale_results` of ``docs/benchmarks`` (its top-level JSON
+    files: the benchmark runs the docs pages show)."""
+    return stale_results(_checkout_root() / BENCHMARK_RESULTS_DIR)
+
+
 def _recorded_backend(path: Path) -> str | None:
     """The backend a results file says its run used (``None`` if unknown)."""
     try:
@@ -896,6 +921,7 @@ def _execute_all(plan: Sequence[tuple[str, str | None]], args: argparse.Namespac
                 notebooks_dir=notebooks_dir,
                 log_output=args.log_output,
                 timeout=args.timeout,
+                record=True if getattr(args, "record", False) else None,
             )
         except NotebookFailed as error:
             print(f"[reproduce] FAILED {error}", file=sys.stderr, flush=True)
@@ -1014,14 +1040,36 @@ def _run_stale(args: argparse.Namespace, notebooks_dir: Path) -> int:
     except ValueError as error:
         print(f"reproduce: {error}", file=sys.stderr)
         return 1
+    benchmarks = []
+    if args.output_dir is None:
+        try:
+            benchmarks = stale_benchmarks()
+        except ValueError as error:
+            print(f"reproduce: {error}", file=sys.stderr)
+            return 1
     if args.slugs:
         wanted = {_strip_suffix(slug) for slug in args.slugs}
         checks = [check for check in checks if check.name in wanted]
+        benchmarks = [check for check in benchmarks if check.name in wanted]
     stale = [check for check in checks if check.stale]
-    if stale:
+    stale_bench = [check for check in benchmarks if check.stale]
+    if stale or stale_bench:
         from keras_longattn.reproductions.provenance import format_stale
 
-        print(format_stale(stale), flush=True)
+        if stale:
+            print(format_stale(stale), flush=True)
+        for check in stale_bench:
+            command = (_read_results(check.path) or {}).get("command")
+            print(f"{BENCHMARK_RESULTS_DIR}/{check.describe()}"
+                  + (f"; re-run: {command}" if isinstance(command, str) else ""), flush=True)
+    if getattr(args, "refresh", False):
+        from keras_longattn.reproductions.provenance import record_verified
+
+        for check in [*checks, *benchmarks]:
+            if not check.stale and check.behaviour_files and record_verified(check.path,
+                                                                            _checkout_root()):
+                print(f"[reproduce] {check.name}: current by behaviour; the files of today "
+                      f"noted as verified", file=sys.stderr, flush=True)
     if not args.run or not stale:
         return 0
     plan = [(check.name, args.backend or _recorded_backend(check.path)) for check in stale

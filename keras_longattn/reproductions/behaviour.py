@@ -118,6 +118,11 @@ def _summary(array, np) -> dict[str, Any]:
     }
 
 
+def _flat(keras, outputs) -> list:
+    """The output tensors (a ``None`` in a tuple of outputs left out)."""
+    return [t for t in keras.tree.flatten(outputs) if t is not None]
+
+
 def _implementations(layer) -> list[str]:
     names = []
     for sub in layer._flatten_layers(include_self=True, recursive=True):
@@ -134,7 +139,7 @@ def _gradients(keras, layer, arguments, floats):
 
     def loss_of(outputs):
         total = 0.0
-        for index, output in enumerate(keras.tree.flatten(outputs)):
+        for index, output in enumerate(_flat(keras, outputs)):
             if not keras.backend.standardize_dtype(output.dtype).startswith(("float", "bfloat")):
                 continue
             r = np.random.RandomState(500 + index).normal(size=tuple(output.shape))
@@ -209,7 +214,7 @@ def fingerprint(subject: Mapping[str, Any], seed: int = SEED) -> dict[str, Any]:
         layer(**build)
         keras.utils.set_random_seed(seed + 1)
         outputs, gradients = _gradients(keras, layer, arguments, floats)
-        tensors = [_summary(keras.ops.convert_to_numpy(t), np) for t in keras.tree.flatten(outputs)]
+        tensors = [_summary(keras.ops.convert_to_numpy(t), np) for t in _flat(keras, outputs)]
         tensors += [_summary(keras.ops.convert_to_numpy(g), np) for g in gradients]
         tensors += [_summary(keras.ops.convert_to_numpy(v.value), np)
                     for v in layer.non_trainable_variables]

@@ -93,7 +93,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 try:
     from keras_longattn.reproductions import provenance
@@ -610,7 +610,51 @@ def _provenance_sentence(name: str, sources: Sources) -> str:
     if isinstance(machine, dict) and machine.get("processor"):
         cpus = machine.get("usable_cpus")
         parts.append(f"{machine['processor']}" + (f", {cpus} usable CPUs" if cpus else ""))
-    return ", ".join(parts) + "."
+    text = ", ".join(parts) + "."
+    notebook = record.get("notebook")
+    if isinstance(notebook, dict):
+        if notebook.get("committed"):
+            text += (f" Its checks (thresholds, margins, steps, seeds) are those of "
+                     f"`{notebook.get('path')}` as committed"
+                     + (f" at `{commit[:10]}`" if commit else "") + ", before it ran.")
+        else:
+            text += (f" `{notebook.get('path')}` differed from its last commit when it ran: "
+                     "its checks were not pre-registered.")
+    behaviour = record.get("behaviour")
+    if isinstance(behaviour, dict) and isinstance(behaviour.get("subjects"), list):
+        text += (f" Behaviour fingerprints of the {len(behaviour['subjects'])} layer and model "
+                 "configurations it used are recorded"
+                 + (f" ({behaviour['bootstrap']})" if behaviour.get("bootstrap") else "") + ".")
+    return text + _history_text(results)
+
+
+def _history_text(results: Mapping[str, Any]) -> str:
+    """The earlier runs a results file keeps (``history``): each one's
+    commit, the checks that differ from this run's, and its failed asserted
+    claims."""
+    history = [entry for entry in results.get("history") or [] if isinstance(entry, dict)]
+    if not history:
+        return ""
+    current = results.get("parameters") or {}
+    lines = []
+    for entry in history:
+        commit = entry.get("commit")
+        changed = {k: v for k, v in (entry.get("parameters") or {}).items()
+                   if current.get(k) != v}
+        where = f"at `{commit[:10]}`" if commit else "(no commit recorded)"
+        checks = (", ".join(f"`{k} = {v!r}`" for k, v in sorted(changed.items()))
+                  or "the same checks")
+        failed = entry.get("failed") or []
+        outcome = (f"failed {', '.join(f'`{n}`' for n in failed)}" if failed
+                   else "no asserted claim failed")
+        claims = {c.get("name"): c for c in entry.get("claims") or [] if isinstance(c, dict)}
+        measured = "; ".join(f"`{n}`: {claims[n].get('verdict')}, {claims[n].get('ours')}"
+                             for n in failed if n in claims and claims[n].get("ours"))
+        line = f"a run {where} under {checks}: {outcome}" + (f" ({measured})" if measured else "")
+        if entry.get("reconstructed"):
+            line += f". {entry['reconstructed']}"
+        lines.append(line)
+    return " Earlier runs, kept in the results' history: " + "; ".join(lines) + "."
 
 
 def _stale_sentence(name: str, sources: Sources) -> str:
@@ -618,7 +662,13 @@ def _stale_sentence(name: str, sources: Sources) -> str:
     if not path.is_file():
         raise PageError(f"source '{name}': no file {sources._show(path)}")
     check = provenance.check_results(path, sources.root)
-    return check.note() or "Up to date: no source file this run imported has changed since."
+    if check.stale:
+        return check.note()
+    if check.behaviour_files:
+        return (f"Up to date by behaviour: {len(check.behaviour_files)} library files this run "
+                "imported changed since, and the fingerprints of every layer and model it used "
+                "agree with today's code.")
+    return "Up to date: no source file this run depends on has changed since."
 
 
 def render_region(region: Region, sources: Sources) -> str:

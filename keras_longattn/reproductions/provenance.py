@@ -40,8 +40,8 @@ file and hash. Such a result then depends on
 * **by bytes**, the *harness* (:func:`is_harness`): the notebook file, and
   the recorded files of ``reproductions/`` (the paper modules), the data
   (``datasets/``, ``lra/``), ``benchmarks/``, the keras-hub converter
-  (``hub/``, whose weight copying no config shows) and ``models/generation.py``
-  (sampling); the modules that only record, show or judge
+  (``hub/``, whose weight copying no config shows, and for a run that
+  imported it ``models/generation.py``, the sampling); the modules that only record, show or judge
   (:data:`PRESENTATION`: this one, the recorder, the fingerprints, the pages,
   the claim checks, whose stored fields the pages re-derive their words
   from, and the planted variants, except for the planted run) count for
@@ -81,6 +81,7 @@ __all__ = [
     "fingerprint_subjects",
     "is_harness",
     "needed_fingerprints",
+    "record_verified",
     "tree_hash",
     "combined_hash",
     "file_sha256",
@@ -126,8 +127,12 @@ HARNESS_PREFIXES = (
     "keras_longattn/hub/",
     "keras_longattn/hub.py",
     "keras_longattn/tokenizers.py",
-    "keras_longattn/models/generation.py",
 )
+#: Harness only for a run that imported the keras-hub converter (whose
+#: CausalLMs generate through it); for other runs library code whose
+#: behaviour no subject shows, imported with ``keras_longattn.models``.
+GENERATION_FILE = "keras_longattn/models/generation.py"
+HUB_PREFIXES = ("keras_longattn/hub/", "keras_longattn/hub.py")
 BEHAVIOUR_FILE = Path(__file__).with_name("behaviour.py")
 #: Where computed fingerprints are cached, relative to the root.
 FINGERPRINT_CACHE = "build/fingerprints"
@@ -269,15 +274,18 @@ def _backend(modules: Mapping[str, Any]) -> str | None:
         return None
 
 
-def is_harness(relative: str, name: str = "") -> bool | None:
+def is_harness(relative: str, name: str = "", recorded: Iterable[str] = ()) -> bool | None:
     """How a result named ``name`` depends on the file ``relative`` (a path
     relative to the root): ``True`` by bytes (the harness), ``False`` by
     behaviour (library code its subjects run), ``None`` not at all
-    (:data:`PRESENTATION`)."""
+    (:data:`PRESENTATION`). ``recorded``: the files the run imported
+    (``models/generation.py`` is harness for a run that imported the hub)."""
     if relative in PRESENTATION:
         if relative.endswith("/planted.py") and name in PLANTED_NAMES:
             return True
         return None
+    if relative == GENERATION_FILE:
+        return any(f.startswith(HUB_PREFIXES) for f in recorded)
     return relative.startswith(HARNESS_PREFIXES)
 
 
@@ -311,12 +319,19 @@ def _git_bytes(root: Path, *args: str) -> bytes | None:
 
 
 def tree_hash(root: str | os.PathLike) -> str:
-    """One sha256 over every source file of the package under ``root`` (the
-    key of the fingerprint cache)."""
-    package = _package_dir(Path(root))
-    files = {p.relative_to(package).as_posix(): file_sha256(p)
-             for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-             and p.suffix in (".py", ".cc", ".cpp", ".cu", ".h", ".json")}
+    """One sha256 over every source file of the package under ``root``
+    except :data:`PRESENTATION` (the key of the fingerprint cache)."""
+    root = Path(root)
+    package = _package_dir(root)
+    files = {}
+    for p in package.rglob("*"):
+        if not p.is_file() or "__pycache__" in p.parts:
+            continue
+        if p.suffix not in (".py", ".cc", ".cpp", ".cu", ".h", ".json"):
+            continue
+        relative = p.relative_to(root).as_posix()
+        if relative not in PRESENTATION:  # they compute nothing a fingerprint runs
+            files[relative] = file_sha256(p)
     return combined_hash(files)
 
 
@@ -599,8 +614,14 @@ def needed_fingerprints(path: str | os.PathLike, root: str | os.PathLike | None 
     behaviour = _usable_behaviour(record)
     if behaviour is None:
         return None
-    kinds = [is_harness(f, path.stem) for f in _changed_files(record, root)]
+    if isinstance(record.get("depends_on"), list):
+        return None
+    changed = _changed_files(record, root)
+    kinds = [is_harness(f, path.stem, record["source_files"]) for f in changed]
     if True in kinds or False not in kinds:
+        return None
+    library = [f for f, kind in zip(changed, kinds) if kind is False]
+    if _verified(behaviour, library, root):
         return None
     return behaviour["backend"], behaviour["subjects"]
 
@@ -629,13 +650,25 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
         return Staleness(name, path, True, NO_PROVENANCE)
     commit = record.get("commit")
     changed = _changed_files(record, root)
+    depends_on = record.get("depends_on")
+    if isinstance(depends_on, list):
+        # a result measured on its own sources only (a device run: the files
+        # of the paths it timed, see "depends_on_reason")
+        changed = [f for f in changed if f in depends_on]
+    else:
+        changed = [f for f in changed
+                   if is_harness(f, name, record["source_files"]) is not None]
     behaviour = _usable_behaviour(record)
     if behaviour is not None:
-        harness = [f for f in changed if is_harness(f, name) is True]
-        library = [f for f in changed if is_harness(f, name) is False]
+        recorded = record["source_files"]
+        harness = [f for f in changed if is_harness(f, name, recorded) is True]
+        library = [f for f in changed if is_harness(f, name, recorded) is False]
         if not harness and not library:
             return Staleness(name, path, False, "up to date", commit=commit)
         if not harness:
+            if _verified(behaviour, library, root):
+                return Staleness(name, path, False, "up to date", commit=commit,
+                                 behaviour_files=tuple(library))
             differences = _fingerprint_differences(behaviour, root, fingerprints)
             if not differences:
                 return Staleness(name, path, False, "up to date", commit=commit,
@@ -648,6 +681,47 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
         return Staleness(name, path, False, "up to date", commit=commit)
     since = _first_commit_since(root, commit, changed) if commit else None
     return Staleness(name, path, True, "sources changed", tuple(changed), commit, since)
+
+
+def _verified(behaviour: Mapping[str, Any], library: Iterable[str], root: Path) -> bool:
+    """Whether every library file in ``library`` is byte for byte what it was
+    when the fingerprints were last found to agree (``behaviour["verified"]``,
+    written by :func:`record_verified`)."""
+    verified = behaviour.get("verified")
+    files = verified.get("source_files") if isinstance(verified, dict) else None
+    if not isinstance(files, dict):
+        return False
+    for relative in library:
+        current = root / relative
+        if relative not in files or not current.is_file() or file_sha256(current) != files[relative]:
+            return False
+    return True
+
+
+def record_verified(path: str | os.PathLike, root: str | os.PathLike | None = None) -> bool:
+    """Notes in the results file ``path`` that its fingerprints agree with the
+    library files as they are now (``provenance.behaviour.verified``: the
+    commit, the date and those files' hashes), so that later checks compute
+    fingerprints again only for files changed since. Does nothing (returns
+    ``False``) unless :func:`check_results` finds the result current by
+    behaviour with changed library files."""
+    path = Path(path)
+    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
+    check = check_results(path, root)
+    if check.stale or not check.behaviour_files:
+        return False
+    results = _read(path)
+    record = results[PROVENANCE_KEY]
+    files = {f: file_sha256(root / f) for f in record["source_files"]
+             if is_harness(f, path.stem, record["source_files"]) is False and (root / f).is_file()}
+    head = _git(root, "rev-parse", "HEAD") if _checkout(root) else None
+    record["behaviour"]["verified"] = {
+        "commit": head.strip() if head else None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source_files": files,
+    }
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return True
 
 
 def _fingerprint_differences(behaviour: Mapping[str, Any], root: Path,

@@ -8,7 +8,11 @@ behaviour as fingerprints of *subjects*: every instance of a Keras layer
 
 :func:`start` wraps ``keras.layers.Layer._maybe_build`` (run by every
 ``Layer.__call__``) once Keras is imported: on the first call of each layer
-instance whose class lives in ``keras_longattn``, it records
+instance whose class lives in ``keras_longattn``, it records a subject.
+
+Layers first called from inside another package layer's call (an attention
+layer inside its block, a block inside its model) are left out: the outer
+subject's fingerprint runs them. For each subject it records
 
 * ``layer``: ``keras.saving.serialize_keras_object(layer)`` (class, module,
   registered name and config);
@@ -36,6 +40,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import json
+import os
 import sys
 import weakref
 from pathlib import Path
@@ -45,10 +50,17 @@ __all__ = ["MODULE_NAME", "active", "start", "subjects", "skipped"]
 
 #: The name this module is registered under in ``sys.modules``.
 MODULE_NAME = "keras_longattn.reproductions.recording"
+#: When set, the subjects are also written to this file as they are recorded
+#: (a run of another checkout, whose ``write_results`` does not store them).
+RECORD_TO_ENV_VAR = "KERAS_LONGATTN_RECORD_TO"
 #: The package whose layer classes are recorded.
 PACKAGE_PREFIX = "keras_longattn"
 
-_state: dict[str, Any] = {"started": False, "patched": False, "subjects": {}, "skipped": {}}
+#: subjects: {canonical JSON: ids of the live recorded instances holding it};
+#: instances: {id: its subject's key}; covered_keys: subjects dropped as a
+#: recorded model's sublayers (not recorded again).
+_state: dict[str, Any] = {"started": False, "patched": False, "subjects": {}, "skipped": {},
+                          "instances": {}, "covered_keys": set()}
 _seen: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _seen_ids: set[int] = set()
 
@@ -140,11 +152,10 @@ def _first_call(layer) -> bool:
 
 
 def _record(layer, call_spec) -> None:
-    module = type(layer).__module__ or ""
-    if not (module == PACKAGE_PREFIX or module.startswith(PACKAGE_PREFIX + ".")):
+    if not _in_package(layer) or not _first_call(layer):
         return
-    if not _first_call(layer):
-        return
+    if _inside_package_layer(layer):
+        return  # its outer layer's fingerprint runs it
     import keras
 
     arguments = {}
@@ -160,7 +171,53 @@ def _record(layer, call_spec) -> None:
     except Exception:
         _skip(f"{type(layer).__name__}: no JSON config")
         return
-    _state["subjects"].setdefault(key, None)
+    _drop_covered(layer)
+    _state["subjects"].setdefault(key, set()).add(id(layer))
+    _state["instances"][id(layer)] = key
+    weakref.finalize(layer, _forget, id(layer))
+    target = os.environ.get(RECORD_TO_ENV_VAR)
+    if target:  # kept on disk as it grows: the run may be of another checkout
+        Path(target).write_text(json.dumps(subjects()), encoding="utf-8")
+
+
+def _forget(instance_id: int) -> None:
+    _state["instances"].pop(instance_id, None)
+
+
+def _drop_covered(layer) -> None:
+    """Drops the subjects recorded for sublayers of ``layer`` (built by a
+    functional graph before the model that holds them was called): the
+    model's fingerprint runs them. A subject stays while another recorded
+    instance that is no sublayer holds it."""
+    try:
+        inner = layer._flatten_layers(include_self=False, recursive=True)
+    except Exception:
+        return
+    for sub in inner:
+        key = _state["instances"].pop(id(sub), None)
+        if key is None:
+            continue
+        holders = _state["subjects"].get(key)
+        if holders is not None:
+            holders.discard(id(sub))
+            if not holders:
+                del _state["subjects"][key]
+                _state["covered_keys"].add(key)
+
+
+def _in_package(layer) -> bool:
+    module = type(layer).__module__ or ""
+    return module == PACKAGE_PREFIX or module.startswith(PACKAGE_PREFIX + ".")
+
+
+def _inside_package_layer(layer) -> bool:
+    """Whether ``layer`` is called from inside the call of a layer of the
+    package (Keras' call context names the outermost layer being called)."""
+    from keras.src.backend.common import global_state
+
+    context = global_state.get_global_attribute("current_call_ctx")
+    entry = getattr(context, "entry_layer", None)
+    return entry is not None and entry is not layer and _in_package(entry)
 
 
 _UNDESCRIBABLE = object()
