@@ -369,6 +369,7 @@ def execute_notebook(
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     os.environ["KERAS_LONGATTN_NOTEBOOK"] = str(source.resolve())
+    os.environ["KERAS_LONGATTN_NOTEBOOK_SIZE"] = "full" if full else "ci"
     import papermill
     from papermill.exceptions import PapermillExecutionError
 

@@ -119,6 +119,8 @@ def bootstrap(slug: str, work: Path) -> str:
     }
     record["notebook"] = {"path": notebook_path,
                           "sha256": hashlib.sha256(notebook_bytes).hexdigest(),
+                          "size": "full",
+                          "code_sha256": provenance.notebook_code_sha256(notebook_bytes, "full"),
                           "committed": True}
     results["provenance"] = record
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

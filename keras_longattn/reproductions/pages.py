@@ -351,10 +351,16 @@ class Sources:
     Args:
         root: the checkout holding ``docs/`` (default: the folder holding the
             ``keras_longattn`` package).
+        compute_fingerprints: whether a stale region may fingerprint the
+            layers of a result whose library files changed (seconds per
+            layer); by default it reads only those ``keras-longattn
+            reproduce --stale`` cached, and says "Not checked" without them.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike | None = None, *,
+                 compute_fingerprints: bool = False):
         self.root = Path(root).resolve() if root is not None else provenance.PACKAGE_PARENT
+        self.compute_fingerprints = compute_fingerprints
         self._loaded: dict[str, Any] = {}
 
     def path(self, name: str) -> Path:
@@ -661,7 +667,7 @@ def _stale_sentence(name: str, sources: Sources) -> str:
     path = sources.path(name)
     if not path.is_file():
         raise PageError(f"source '{name}': no file {sources._show(path)}")
-    check = provenance.check_results(path, sources.root)
+    check = provenance.check_results(path, sources.root, compute=sources.compute_fingerprints)
     if check.stale:
         return check.note()
     if check.behaviour_files:
@@ -790,16 +796,18 @@ def check_pages(pages: Iterable[str | os.PathLike] | None = None,
 
 
 def write_pages(pages: Iterable[str | os.PathLike] | None = None,
-                root: str | os.PathLike | None = None) -> list[Path]:
+                root: str | os.PathLike | None = None, *,
+                compute_fingerprints: bool = True) -> list[Path]:
     """Rewrites the regions of ``pages`` (default: :func:`default_pages`)
     from the files under ``root``; returns the pages that changed. A page
-    with a region that cannot be generated is left as it is.
+    with a region that cannot be generated is left as it is. Its stale
+    notes compare behaviour (``compute_fingerprints``, see :class:`Sources`).
 
     Raises:
         PageError: naming the page, for the first page with a region that
             cannot be generated (the pages before it are written).
     """
-    sources = Sources(root)
+    sources = Sources(root, compute_fingerprints=compute_fingerprints)
     pages = default_pages(sources.root) if pages is None else [Path(p) for p in pages]
     changed = []
     for page in pages:

@@ -37,7 +37,9 @@ package the run called: config and call arguments) and their fingerprints
 weights, and the path that ran), and, under ``"notebook"``, the notebook's
 file and hash. Such a result then depends on
 
-* **by bytes**, the *harness* (:func:`is_harness`): the notebook file, and
+* **by bytes**, the *harness* (:func:`is_harness`): the notebook (what it
+  runs: :func:`notebook_code_sha256`, its parameters at the run's size and
+  its code without comments; not its prose), and
   the recorded files of ``reproductions/`` (the paper modules), the data
   (``datasets/``, ``lra/``), ``benchmarks/``, the keras-hub converter
   (``hub/``, whose weight copying no config shows, and for a run that
@@ -81,6 +83,7 @@ __all__ = [
     "fingerprint_subjects",
     "is_harness",
     "needed_fingerprints",
+    "notebook_code_sha256",
     "record_verified",
     "tree_hash",
     "combined_hash",
@@ -105,6 +108,8 @@ NO_PROVENANCE = "no provenance recorded"
 #: The environment variable ``keras-longattn reproduce`` sets to the notebook
 #: it runs (read by :func:`collect`).
 NOTEBOOK_ENV_VAR = "KERAS_LONGATTN_NOTEBOOK"
+#: ... and to the size it runs it at (``"full"`` or ``"ci"``).
+NOTEBOOK_SIZE_ENV_VAR = "KERAS_LONGATTN_NOTEBOOK_SIZE"
 #: Files that record, show or judge results: no result depends on their bytes.
 PRESENTATION = frozenset({
     "keras_longattn/reproductions/__init__.py",
@@ -289,6 +294,51 @@ def is_harness(relative: str, name: str = "", recorded: Iterable[str] = ()) -> b
     return relative.startswith(HARNESS_PREFIXES)
 
 
+def notebook_code_sha256(text: str | bytes, size: str = "full") -> str | None:
+    """A hash of what a notebook runs at ``size`` (``"full"`` or ``"ci"``):
+    its parameters as that size resolves them (the ``parameters`` cell's
+    values, with ``metadata.keras_longattn.full_parameters`` over them at
+    full size) and the tokens of its other code cells, comments and blank
+    lines left out; its prose and its outputs count for nothing. ``None``
+    when the notebook cannot be read."""
+    import ast
+    import io
+    import tokenize
+
+    try:
+        notebook = json.loads(text)
+        cells = notebook["cells"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    parameters: dict[str, Any] = {}
+    code = []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        source = "".join(cell.get("source") or [])
+        if "parameters" in (cell.get("metadata") or {}).get("tags", []):
+            try:
+                for node in ast.parse(source).body:
+                    if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                            isinstance(node.targets[0], ast.Name):
+                        parameters[node.targets[0].id] = ast.literal_eval(node.value)
+            except (SyntaxError, ValueError):
+                return None
+            continue
+        try:
+            tokens = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                      if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER)]
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            tokens = [source]
+        code.append(" ".join(tokens))
+    if size == "full":
+        meta = (notebook.get("metadata") or {}).get("keras_longattn") or {}
+        parameters.update(meta.get("full_parameters") or {})
+    parameters.pop("results_path", None)
+    payload = json.dumps({"parameters": parameters, "code": code}, sort_keys=True, default=repr)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
 def _notebook_record(root: Path) -> dict[str, Any] | None:
     """The notebook this run executes (:data:`NOTEBOOK_ENV_VAR`): its path
     relative to ``root``, sha256 and whether it equals the committed file."""
@@ -303,11 +353,14 @@ def _notebook_record(root: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     digest = file_sha256(path)
+    size = os.environ.get(NOTEBOOK_SIZE_ENV_VAR, "full")
+    code = notebook_code_sha256(path.read_bytes(), size)
     committed = None
     if _checkout(root):
         blob = _git_bytes(root, "show", f"HEAD:{relative}")
         committed = blob is not None and hashlib.sha256(blob).hexdigest() == digest
-    return {"path": relative, "sha256": digest, "committed": committed}
+    return {"path": relative, "sha256": digest, "size": size, "code_sha256": code,
+            "committed": committed}
 
 
 def _git_bytes(root: Path, *args: str) -> bytes | None:
@@ -319,8 +372,10 @@ def _git_bytes(root: Path, *args: str) -> bytes | None:
 
 
 def tree_hash(root: str | os.PathLike) -> str:
-    """One sha256 over every source file of the package under ``root``
-    except :data:`PRESENTATION` (the key of the fingerprint cache)."""
+    """One sha256 over the source files of the package under ``root`` that
+    can define a layer a fingerprint runs (not :data:`PRESENTATION`, the
+    commands, the data or the benchmark drivers): the key of the
+    fingerprint cache."""
     root = Path(root)
     package = _package_dir(root)
     files = {}
@@ -330,9 +385,18 @@ def tree_hash(root: str | os.PathLike) -> str:
         if p.suffix not in (".py", ".cc", ".cpp", ".cu", ".h", ".json"):
             continue
         relative = p.relative_to(root).as_posix()
-        if relative not in PRESENTATION:  # they compute nothing a fingerprint runs
-            files[relative] = file_sha256(p)
+        if relative in PRESENTATION or relative in _NO_SUBJECTS or \
+                relative.startswith(_NO_SUBJECT_PREFIXES):
+            continue  # they define no layer a fingerprint runs
+        files[relative] = file_sha256(p)
     return combined_hash(files)
+
+
+#: Modules of the package that define no layer or model (commands, data,
+#: benchmark drivers): left out of the fingerprint cache's key.
+_NO_SUBJECTS = frozenset({"keras_longattn/reproduce.py", "keras_longattn/cli.py"})
+_NO_SUBJECT_PREFIXES = ("keras_longattn/benchmarks/", "keras_longattn/datasets/",
+                        "keras_longattn/lra/")
 
 
 def _subject_key(subject: Mapping[str, Any]) -> str:
@@ -341,13 +405,17 @@ def _subject_key(subject: Mapping[str, Any]) -> str:
 
 def fingerprint_subjects(subjects: Iterable[Mapping[str, Any]], backend: str,
                          root: str | os.PathLike | None = None, *,
-                         cache: bool = True, timeout: float = 1800) -> dict[str, Any]:
+                         cache: bool = True, compute: bool = True,
+                         timeout: float = 1800) -> dict[str, Any]:
     """``{subject key: fingerprint}`` of ``subjects`` on ``backend``, with the
     package under ``root`` (default: this checkout), computed in a fresh
     Python process (``behaviour.py`` of this checkout run by path, ``root``
     first on ``PYTHONPATH``, ``XLA_FLAGS`` cleared). Fingerprints are cached
     in ``<root>/build/fingerprints/`` by backend, subject and the hash of
     the package's sources.
+
+    With ``compute=False`` only cached fingerprints are returned (the
+    subjects without one are left out).
 
     Raises:
         RuntimeError: when the process fails.
@@ -366,6 +434,9 @@ def fingerprint_subjects(subjects: Iterable[Mapping[str, Any]], backend: str,
         except (OSError, json.JSONDecodeError):
             known = {}
     missing = [s for s in subjects if _subject_key(s) not in known]
+    if not compute:
+        return {_subject_key(s): known[_subject_key(s)] for s in subjects
+                if _subject_key(s) in known}
     if missing:
         with tempfile.TemporaryDirectory() as scratch:
             source, target = Path(scratch) / "subjects.json", Path(scratch) / "out.json"
@@ -501,6 +572,9 @@ class Staleness:
                 return (f"{self.name}: up to date (behaviour unchanged; "
                         f"{len(self.behaviour_files)} library files changed by bytes)")
             return f"{self.name}: up to date"
+        if self.reason == NOT_CHECKED:
+            return (f"{self.name}: {NOT_CHECKED} ({len(self.changed)} library files changed "
+                    f"{self._since_text()})")
         if self.differences:
             shown = "; ".join(self.differences[:3])
             more = f" (+{len(self.differences) - 3} more)" if len(self.differences) > 3 else ""
@@ -514,6 +588,10 @@ class Staleness:
         the result is up to date)."""
         if not self.stale:
             return ""
+        if self.reason == NOT_CHECKED:
+            return (f"Not checked: {len(self.changed)} library files this run imported changed "
+                    f"{self._since_text()}; `keras-longattn reproduce --stale` compares the "
+                    "behaviour of the layers and models it used with today's code.")
         if self.differences:
             return (f"Stale: the behaviour of the code this run used changed "
                     f"{self._since_text()} ({'; '.join(self.differences[:3])}).")
@@ -597,7 +675,15 @@ def _changed_files(record: Mapping[str, Any], root: Path) -> list[str]:
     notebook = record.get("notebook")
     if isinstance(notebook, dict) and notebook.get("path"):
         current = root / notebook["path"]
-        if not current.is_file() or file_sha256(current) != notebook.get("sha256"):
+        if not current.is_file():
+            changed.append(notebook["path"])
+        elif notebook.get("code_sha256"):
+            # what the notebook runs: its parameters at the run's size and
+            # its code, not its prose, comments or the other size's values
+            now = notebook_code_sha256(current.read_bytes(), notebook.get("size", "full"))
+            if now != notebook["code_sha256"]:
+                changed.append(notebook["path"])
+        elif file_sha256(current) != notebook.get("sha256"):
             changed.append(notebook["path"])
     return sorted(changed)
 
@@ -626,8 +712,14 @@ def needed_fingerprints(path: str | os.PathLike, root: str | os.PathLike | None 
     return behaviour["backend"], behaviour["subjects"]
 
 
+#: The reason of a result whose behaviour was not compared (``compute=False``
+#: and no cached fingerprints).
+NOT_CHECKED = "behaviour not checked"
+
+
 def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None, *,
-                  fingerprints: Mapping[str, Any] | None = None) -> Staleness:
+                  fingerprints: Mapping[str, Any] | None = None,
+                  compute: bool = True) -> Staleness:
     """Whether the results file ``path`` is stale against the sources under
     ``root`` (default: the folder holding this package).
 
@@ -635,8 +727,11 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
     when a harness file or the notebook changed, or when a library file
     changed and a subject's fingerprint now differs; ``fingerprints``
     (``{subject key: fingerprint}``, as :func:`fingerprint_subjects`
-    returns) saves computing them. Without one, any change of a recorded
-    file makes it stale.
+    returns) saves computing them; with ``compute=False`` only cached ones
+    are used, and a result that needs others comes back stale with the
+    reason :data:`NOT_CHECKED` (its note says to run ``keras-longattn
+    reproduce --stale``). Without a behaviour record, any change of a
+    recorded file makes it stale.
 
     Raises:
         ValueError: if ``path`` is not a JSON object.
@@ -669,6 +764,12 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
             if _verified(behaviour, library, root):
                 return Staleness(name, path, False, "up to date", commit=commit,
                                  behaviour_files=tuple(library))
+            if not compute and fingerprints is None:
+                fingerprints = fingerprint_subjects(behaviour["subjects"], behaviour["backend"],
+                                                    root, compute=False)
+                if len(fingerprints) < len(behaviour["subjects"]):
+                    return Staleness(name, path, True, NOT_CHECKED, tuple(library), commit,
+                                     behaviour_files=tuple(library))
             differences = _fingerprint_differences(behaviour, root, fingerprints)
             if not differences:
                 return Staleness(name, path, False, "up to date", commit=commit,
@@ -744,9 +845,12 @@ def _fingerprint_differences(behaviour: Mapping[str, Any], root: Path,
 
 
 def check_directory(directory: str | os.PathLike,
-                    root: str | os.PathLike | None = None) -> list[Staleness]:
+                    root: str | os.PathLike | None = None, *,
+                    compute: bool = True) -> list[Staleness]:
     """:func:`check_results` of every ``*.json`` of ``directory``, by name
-    (an empty list when the folder does not exist)."""
+    (an empty list when the folder does not exist), with one fingerprinting
+    process per backend for all of them (``compute=False``: cached
+    fingerprints only)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -765,10 +869,12 @@ def check_directory(directory: str | os.PathLike,
     computed: dict[str, Any] = {}
     for backend, subjects in wanted.items():
         try:
-            computed.update(fingerprint_subjects(list(subjects.values()), backend, root))
+            computed.update(fingerprint_subjects(list(subjects.values()), backend, root,
+                                                 compute=compute))
         except (RuntimeError, OSError, subprocess.SubprocessError):
             pass  # check_results reports it per result
-    return [check_results(path, root, fingerprints=computed or None) for path in paths]
+    return [check_results(path, root, fingerprints=computed if compute else None,
+                          compute=compute) for path in paths]
 
 
 def format_stale(checks: Iterable[Staleness]) -> str:
