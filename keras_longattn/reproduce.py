@@ -871,10 +871,15 @@ def stale_results(directory: str | os.PathLike | None = None) -> list:
     return provenance.check_directory(directory, root=_checkout_root())
 
 
+#: Other committed measurements the docs pages show (checked like benchmarks).
+MEASUREMENT_DIRS = (BENCHMARK_RESULTS_DIR, "docs/parallel")
+
+
 def stale_benchmarks() -> list:
-    """:func:`stale_results` of ``docs/benchmarks`` (its top-level JSON
-    files: the benchmark runs the docs pages show)."""
-    return stale_results(_checkout_root() / BENCHMARK_RESULTS_DIR)
+    """:func:`stale_results` of ``docs/benchmarks`` and ``docs/parallel``
+    (their top-level JSON files: the measurements the docs pages show)."""
+    return [check for directory in MEASUREMENT_DIRS
+            for check in stale_results(_checkout_root() / directory)]
 
 
 def _recorded_backend(path: Path) -> str | None:
@@ -1061,7 +1066,8 @@ def _run_stale(args: argparse.Namespace, notebooks_dir: Path) -> int:
             print(format_stale(stale), flush=True)
         for check in stale_bench:
             command = (_read_results(check.path) or {}).get("command")
-            print(f"{BENCHMARK_RESULTS_DIR}/{check.describe()}"
+            folder = check.path.parent.relative_to(_checkout_root()).as_posix()
+            print(f"{folder}/{check.describe()}"
                   + (f"; re-run: {command}" if isinstance(command, str) else ""), flush=True)
     if getattr(args, "refresh", False):
         from keras_longattn.reproductions.provenance import record_verified

@@ -658,7 +658,8 @@ def _history_text(results: Mapping[str, Any]) -> str:
                              for n in failed if n in claims and claims[n].get("ours"))
         line = f"a run {where} under {checks}: {outcome}" + (f" ({measured})" if measured else "")
         if entry.get("reconstructed"):
-            line += f". {entry['reconstructed']}"
+            note = str(entry["reconstructed"]).rstrip(".")
+            line += f" ({note[:1].upper() + note[1:]})"
         lines.append(line)
     return " Earlier runs, kept in the results' history: " + "; ".join(lines) + "."
 

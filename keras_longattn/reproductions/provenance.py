@@ -313,6 +313,8 @@ def notebook_code_sha256(text: str | bytes, size: str = "full") -> str | None:
     parameters: dict[str, Any] = {}
     code = []
     for cell in cells:
+        if not isinstance(cell, dict):
+            return None
         if cell.get("cell_type") != "code":
             continue
         source = "".join(cell.get("source") or [])

@@ -115,8 +115,13 @@ def _copy_checkout(tmp_path):
     shutil.copytree(ROOT / "keras_longattn", root / "keras_longattn",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     (root / "notebooks").mkdir()
-    (root / "notebooks" / "demo.ipynb").write_text('{"cells": []}\n', encoding="utf-8")
+    (root / "notebooks" / "demo.ipynb").write_text(_notebook("x = 1"), encoding="utf-8")
     return root
+
+
+def _notebook(code):
+    return json.dumps({"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Demo"]},
+                                 {"cell_type": "code", "metadata": {}, "source": [code]}]})
 
 
 @pytest.mark.grid
@@ -155,7 +160,11 @@ def test_a_result_is_current_by_behaviour_both_ways(tmp_path):
 
     base.write_text(text)
     assert not provenance.check_results(results, root).stale
-    (root / "notebooks" / "demo.ipynb").write_text('{"cells": [1]}\n', encoding="utf-8")
+    # The notebook counts by what it runs: prose and comments do not.
+    notebook = root / "notebooks" / "demo.ipynb"
+    notebook.write_text(_notebook("x = 1  # a comment").replace("# Demo", "# Prose"))
+    assert not provenance.check_results(results, root).stale
+    notebook.write_text(_notebook("x = 2"), encoding="utf-8")
     check = provenance.check_results(results, root)
     assert check.stale and check.changed == ("notebooks/demo.ipynb",), check.describe()
 

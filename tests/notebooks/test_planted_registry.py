@@ -130,24 +130,11 @@ def test_linformer_full_size_claims_from_the_claims_function():
 # ------------------------------------ the committed planted run (no re-run)
 
 #: Variants registered after the committed planted run
-#: (docs/results/planted_bugs.json, whose table papers/README.md shows). The
-#: run predates them: ``python -m keras_longattn.reproductions.planted
-#: --write`` (on JAX, with keras_hub) adds exactly these rows; then empty
-#: this set. Synthesizer: one variant per kind of the per-kind recall claims.
-#: Longify: its five variants, registered in PLANTED_MODULES after the run.
-AWAITING_RERUN = frozenset({
-    ("synthesizer", "random_as_dot_product"),
-    ("synthesizer", "fixed_random_with_dot_product"),
-    ("synthesizer", "factorized_dense_crossed_factors"),
-    ("synthesizer", "factorized_random_as_dot_product"),
-    ("synthesizer", "dense_random_as_dot_product"),
-    ("synthesizer", "dense_vanilla_without_vanilla"),
-    ("longify", "dropped_positions"),
-    ("longify", "no_global"),
-    ("longify", "tail_truncation"),
-    ("longify", "dense_swap"),
-    ("longify", "halved_window"),
-})
+#: (docs/results/planted_bugs.json, whose table papers/README.md shows):
+#: none since its re-run of 2026-12-01 (``python -m
+#: keras_longattn.reproductions.planted --write`` on JAX, with keras_hub).
+#: A variant registered later goes here until the next re-run adds it.
+AWAITING_RERUN = frozenset()
 
 
 def test_committed_planted_run_against_the_registry():
