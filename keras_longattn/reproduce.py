@@ -363,13 +363,9 @@ def execute_notebook(
         results_file.unlink()
 
     _check_kernel()
-    # The kernel inherits this environment; the notebook's path goes into
-    # its results' provenance (the notebook is part of what a result
-    # depends on).
+    # The kernel inherits this environment.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    os.environ["KERAS_LONGATTN_NOTEBOOK"] = str(source.resolve())
-    os.environ["KERAS_LONGATTN_NOTEBOOK_SIZE"] = "full" if full else "ci"
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -382,6 +378,12 @@ def execute_notebook(
         "results": str(results_file),
     }
     started = time.perf_counter()
+    # For this kernel only: the notebook and its size go into its results'
+    # provenance (the notebook is part of what a result depends on).
+    run_env = {"KERAS_LONGATTN_NOTEBOOK": str(source.resolve()),
+               "KERAS_LONGATTN_NOTEBOOK_SIZE": "full" if full else "ci"}
+    saved_env = {name: os.environ.get(name) for name in run_env}
+    os.environ.update(run_env)
     try:
         papermill.execute_notebook(
             str(source.resolve()),
@@ -410,6 +412,8 @@ def execute_notebook(
             f"{failure['message']} (the executed notebook is {output})",
             failure, results, info,
         ) from None
+    finally:
+        _restore_env(saved_env)
     info["total_wall_time_s"] = round(time.perf_counter() - started, 1)
     results = _read_results(results_file)
     if results is None:
@@ -417,6 +421,14 @@ def execute_notebook(
                                 f"(a JSON object) to {results_file}")
     results["reproduce"] = info
     return results
+
+
+def _restore_env(saved: Mapping[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 #: Arguments of the kernel papermill starts. Its log level is ERROR: at

@@ -402,7 +402,7 @@ _NO_SUBJECT_PREFIXES = ("keras_longattn/benchmarks/", "keras_longattn/datasets/"
 
 
 def _subject_key(subject: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(subject, sort_keys=True).encode()).hexdigest()[:16]
+    return _load_behaviour().subject_key(subject)
 
 
 def fingerprint_subjects(subjects: Iterable[Mapping[str, Any]], backend: str,
@@ -702,16 +702,28 @@ def needed_fingerprints(path: str | os.PathLike, root: str | os.PathLike | None 
     behaviour = _usable_behaviour(record)
     if behaviour is None:
         return None
-    if isinstance(record.get("depends_on"), list):
-        return None
-    changed = _changed_files(record, root)
-    kinds = [is_harness(f, path.stem, record["source_files"]) for f in changed]
-    if True in kinds or False not in kinds:
-        return None
-    library = [f for f, kind in zip(changed, kinds) if kind is False]
-    if _verified(behaviour, library, root):
+    harness, library = _split_changes(record, root, path.stem)
+    if harness or not library or _verified(behaviour, library, root):
         return None
     return behaviour["backend"], behaviour["subjects"]
+
+
+def _split_changes(record: Mapping[str, Any], root: Path, name: str
+                   ) -> tuple[list[str], list[str]]:
+    """``(harness, library)``: the recorded files (and the notebook) that
+    changed since the run, by how the result depends on them
+    (:func:`is_harness`; presentation-only files dropped). A record with
+    ``depends_on`` counts only those files, as harness."""
+    changed = _changed_files(record, root)
+    depends_on = record.get("depends_on")
+    if isinstance(depends_on, list):
+        # a result measured on its own sources only (a device run: the files
+        # of the paths it timed, see "depends_on_reason")
+        return [f for f in changed if f in depends_on], []
+    recorded = record["source_files"]
+    kinds = [(f, is_harness(f, name, recorded)) for f in changed]
+    return ([f for f, kind in kinds if kind is True],
+            [f for f, kind in kinds if kind is False])
 
 
 #: The reason of a result whose behaviour was not compared (``compute=False``
@@ -746,20 +758,9 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
     if not isinstance(record, dict) or not isinstance(record.get("source_files"), dict):
         return Staleness(name, path, True, NO_PROVENANCE)
     commit = record.get("commit")
-    changed = _changed_files(record, root)
-    depends_on = record.get("depends_on")
-    if isinstance(depends_on, list):
-        # a result measured on its own sources only (a device run: the files
-        # of the paths it timed, see "depends_on_reason")
-        changed = [f for f in changed if f in depends_on]
-    else:
-        changed = [f for f in changed
-                   if is_harness(f, name, record["source_files"]) is not None]
+    harness, library = _split_changes(record, root, name)
     behaviour = _usable_behaviour(record)
-    if behaviour is not None:
-        recorded = record["source_files"]
-        harness = [f for f in changed if is_harness(f, name, recorded) is True]
-        library = [f for f in changed if is_harness(f, name, recorded) is False]
+    if behaviour is not None and not isinstance(record.get("depends_on"), list):
         if not harness and not library:
             return Staleness(name, path, False, "up to date", commit=commit)
         if not harness:
@@ -780,6 +781,8 @@ def check_results(path: str | os.PathLike, root: str | os.PathLike | None = None
             return Staleness(name, path, True, "behaviour changed", tuple(library), commit, since,
                              behaviour_files=tuple(library), differences=tuple(differences))
         changed = harness
+    else:
+        changed = sorted(harness + library)
     if not changed:
         return Staleness(name, path, False, "up to date", commit=commit)
     since = _first_commit_since(root, commit, changed) if commit else None
