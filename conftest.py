@@ -4,7 +4,7 @@
   runs the tests marked ``@pytest.mark.slow``; they are skipped otherwise.
 * Hypothesis: the derandomised ``"ci"`` profile by default, the longer
   ``"slow"`` profile under ``--run-slow`` (see
-  :mod:`keras_longattn.testing.properties`; ``HYPOTHESIS_PROFILE`` names
+  :mod:`keras_longattn.testing.profiles`; ``HYPOTHESIS_PROFILE`` names
   another registered profile).
 * ``@pytest.mark.grid`` marks the extra points of a parameter grid of a
   backend-independent op (written once in ``keras.ops``): the whole grid
@@ -12,6 +12,13 @@
   under ``--run-slow``; on jax and tensorflow only the unmarked points run,
   which cover every code path of the op (eager JAX compiles each primitive
   once per new shape, so every extra shape costs seconds there).
+* ``@pytest.mark.backend_free`` (usually a module's ``pytestmark``) marks a
+  test whose outcome does not depend on Keras' backend: it imports none, or
+  its work runs in subprocesses that pick their own (the notebooks' kernels,
+  benchmark workers, fingerprints of a recorded backend). It runs in one
+  backend's unit tests only, :data:`BACKEND_FREE_BACKEND` (override:
+  ``KERAS_LONGATTN_BACKEND_FREE_ON``), and on every backend under
+  ``--run-slow``.
 * ``KERAS_LONGATTN_HOST_DEVICES=N`` splits JAX's CPU platform into N
   devices (for ``tests/parallel``).
 * Tests listed in a test class's ``known_failures`` are marked
@@ -21,6 +28,9 @@
 import os
 
 import pytest
+
+#: The backend whose unit tests run the ``backend_free`` tests.
+BACKEND_FREE_BACKEND = os.environ.get("KERAS_LONGATTN_BACKEND_FREE_ON", "torch")
 
 # Simulated devices for the distributed tests (tests/parallel): JAX's CPU
 # platform splits into this many devices when the flag is set before JAX
@@ -56,11 +66,14 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "grid: an extra grid point, run on torch and with --run-slow only"
     )
+    config.addinivalue_line(
+        "markers", "backend_free: an outcome no backend changes, run on one backend only"
+    )
     try:
-        from keras_longattn.testing import properties
+        from keras_longattn.testing import profiles
     except ImportError:  # hypothesis not installed: the property tests fail to import
         return
-    properties.load_profile(_run_slow(config))
+    profiles.load_profile(_run_slow(config))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,8 +91,16 @@ def pytest_collection_modifyitems(config, items):
             for item in items:
                 if item.get_closest_marker("grid") is not None:
                     item.add_marker(skip_grid)
+        if os.environ.get("KERAS_BACKEND", "tensorflow") != BACKEND_FREE_BACKEND:
+            skip_free = pytest.mark.skip(
+                reason=f"backend-independent: runs with KERAS_BACKEND={BACKEND_FREE_BACKEND}, "
+                "or with --run-slow"
+            )
+            for item in items:
+                if item.get_closest_marker("backend_free") is not None:
+                    item.add_marker(skip_free)
     try:
-        from keras_longattn.testing.properties import apply_known_failures
+        from keras_longattn.testing.profiles import apply_known_failures
     except ImportError:
         return
     apply_known_failures(items)

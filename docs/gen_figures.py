@@ -600,7 +600,7 @@ def _peak_mib(row):
 
 def benchmark_table(rows, baseline) -> str:
     """The results of one backend as a markdown table, one row per configuration."""
-    header = ["layer", "n", "causal", "mode", "median ms"]
+    header = ["layer", "path", "n", "causal", "mode", "median ms"]
     if baseline:
         header.append("speed-up")
     header.append("peak MiB")
@@ -608,7 +608,7 @@ def benchmark_table(rows, baseline) -> str:
         header.append("memory ratio")
     header.append("status")
     lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if h in ("layer", "mode", "status") else "---:"
+             "|" + "|".join("---" if h in ("layer", "path", "mode", "status") else "---:"
                             for h in header) + "|"]
     order = sorted(rows, key=lambda r: (str(r.get("scope", "layer")), str(r.get("mode")),
                                         not r.get("causal", True), r.get("seq_len") or 0,
@@ -620,7 +620,8 @@ def benchmark_table(rows, baseline) -> str:
         if row.get("scope", "layer") != "layer":
             label += f" ({row.get('scope')} only)"
         causal = row.get("causal", True)
-        cells = [label, f"{n:,}" if isinstance(n, int) else str(n),
+        path = f"`{row['implementation']}`" if row.get("implementation") else DASH
+        cells = [label, path, f"{n:,}" if isinstance(n, int) else str(n),
                  "yes" if causal else "no",
                  str(row.get("mode")), _num(row.get("median_ms")) if ok else DASH]
         if baseline:
@@ -757,10 +758,12 @@ def benchmark_page(document, source: Path | None, kind: str | None,
         "at the same backend, sequence length and mode, measured by `keras-longattn bench` "
         "(one subprocess per configuration). A speed-up above 1 means faster than the "
         "baseline; a memory ratio below 1 means less memory. `fwd` is the forward pass, "
-        "`fwdbwd` forward plus backward.\n\n"
-        "Reproduce with `bash scripts/main.sh` (or `keras-longattn bench --help`); it writes "
-        "`build/benchmarks/latest.json`, which is copied to `docs/benchmarks/results.json` "
-        "to publish it here. The layer names are short names of layer configs "
+        "`fwdbwd` forward plus backward. The path is the layer's `last_implementation` after "
+        "the timed calls: for a layer built without `implementation=`, what `auto` chose.\n\n"
+        "The committed results are re-made by `bash scripts/bench_docs.sh` (its runs, "
+        "merged with their provenance; `keras-longattn reproduce --stale` says when they "
+        "no longer describe the sources). One run of your own: `bash scripts/main.sh` or "
+        "`keras-longattn bench --help`, which write `build/benchmarks/latest.json`. The layer names are short names of layer configs "
         "(`keras-longattn bench --list-layers`); any other attention layer is measured from "
         "its Keras layer config, e.g. `keras-longattn bench --layers "
         "'{\"class_name\": \"LocalAttention\", \"config\": {\"window\": 128}}'`, "
@@ -892,11 +895,12 @@ def memory_curve_section(document, assets: Path | None) -> str:
     if not rows:
         return ""
     layers = sorted({str(r.get("layer")) for r in rows})
-    lines = ["| layer | n | peak MiB | bytes per token | median s |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| layer | path | n | peak MiB | bytes per token | median s |",
+             "|---|---|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (str(r.get("layer")), r["seq_len"])):
         per_token = r["peak_memory_bytes"] / r["seq_len"]
-        lines.append(f"| `{r.get('layer')}` | {r['seq_len']:,} | "
+        path = f"`{r['implementation']}`" if r.get("implementation") else "not recorded"
+        lines.append(f"| `{r.get('layer')}` | {path} | {r['seq_len']:,} | "
                      f"{_num(r['peak_memory_bytes'] / MIB)} | {per_token:,.0f} | "
                      f"{_num((r.get('median_ms') or float('nan')) / 1e3)} |")
     figure = ""

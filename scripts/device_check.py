@@ -688,7 +688,7 @@ STAGES = {"correct": stage_correct, "bench": stage_bench}
 def record_provenance():
     """The package source files this stage imported, with their hashes (the
     summary's staleness check compares them with today's sources)."""
-    from keras_longattn.reproductions import provenance
+    from keras_longattn import provenance
 
     record("provenance", **provenance.collect())
 

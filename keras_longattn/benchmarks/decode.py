@@ -818,13 +818,13 @@ def write_decode_results(report: dict[str, Any], path: str | os.PathLike = RESUL
     """Writes ``report`` as a committed results file: its settings, machine
     and rows, the criteria (:func:`decode_criteria`), the Markdown tables
     the decoding guide shows (``table``, ``criteria_table``) and the
-    provenance record (:func:`keras_longattn.reproductions.provenance.collect`:
+    provenance record (:func:`keras_longattn.provenance.collect`:
     commit, and the hashes of every package source the workers imported,
     which this process imports before recording them; its ``backend`` is
     the run's backends). Returns the path."""
     import importlib
 
-    from keras_longattn.reproductions import provenance
+    from keras_longattn import provenance
 
     for module in report.get("modules", ()):
         try:

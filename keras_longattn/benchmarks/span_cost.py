@@ -24,7 +24,7 @@ Command line::
         --window 1024 --rounds 3 --write docs/benchmarks/adaptive_span.json
 
 ``--write`` records the rows, the criteria, their Markdown tables and the
-provenance (:mod:`keras_longattn.reproductions.provenance`) into the
+provenance (:mod:`keras_longattn.provenance`) into the
 committed file, whose tables ``docs/guides/adaptive_span_attention.md``
 shows (``python -m keras_longattn.reproductions.pages --write``), under the source name
 ``span_cost``.
@@ -173,7 +173,7 @@ def write_results(report: dict[str, Any], path: str | os.PathLike = RESULTS_PATH
                   command: str | None = None) -> str:
     """Writes ``report`` with its criteria, tables and provenance to
     ``path`` (JSON); returns the path."""
-    from keras_longattn.reproductions import provenance
+    from keras_longattn import provenance
 
     # The sources the workers ran: the layer and the band machinery.
     import keras_longattn.layers.adaptive_span_attention  # noqa: F401

@@ -210,10 +210,15 @@ def main(argv=None):
               f"  temp={row['temp_bytes'] / 2**20:10.1f} MiB"
               f"  collectives={row['collective_bytes'] / 2**20:10.2f} MiB")
     if args.output:
-        from keras_longattn.reproductions.provenance import collect
+        from keras_longattn.provenance import collect
 
+        command = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m "
+                   f"keras_longattn.parallel.measure --length {args.length} --devices "
+                   f"{args.devices} --window {args.window} --heads {args.heads} --head-dim "
+                   f"{args.head_dim} --kinds {args.kinds} --output {args.output}")
         record = {"rows": rows, "summary": summarize(rows), "table": markdown_table(rows),
-                  "parameters": vars(args), "platform": _platform(), "provenance": collect()}
+                  "parameters": vars(args), "platform": _platform(), "command": command,
+                  "provenance": collect()}
         Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

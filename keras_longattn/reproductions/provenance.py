@@ -1,25 +1,12 @@
 """Provenance of a reproduction's results, and whether they are stale.
 
 A paper notebook writes its results JSON with :func:`write_results`, which
-adds a ``"provenance"`` record (see :func:`collect`) describing the process
-that ran the notebook (the notebook's kernel):
-
-* ``commit``: the git commit of the checkout the package was imported from,
-  ``dirty``: whether its work tree had changes, ``dirty_sources``: which of
-  the recorded source files git reports as changed or untracked (``None``
-  when the package is not in a git checkout);
-* ``source_files``: ``{path: sha256}`` of every ``keras_longattn`` source
-  file the process imported (the ``__file__`` of each module of
-  ``sys.modules`` that lies inside the package, when the results are
-  written), plus the files of a ``csrc/`` folder next to an imported module
-  (the C++ sources that module compiles); paths are relative to the folder
-  that holds the package (``keras_longattn/layers/local_attention.py``).
-  This module itself is left out: it records, it computes nothing that a
-  result depends on. ``source_sha256`` is one hash over all of them;
-* ``backend`` (Keras' backend, when Keras was imported), ``date`` (UTC, ISO
-  8601) and ``machine``: platform, processor, CPU counts, Python and the
-  versions of keras, jax, jaxlib, tensorflow, torch and numpy among those
-  imported.
+adds a ``"provenance"`` record (see :func:`collect`): what the process that
+ran the notebook (the notebook's kernel) ran on, as
+:func:`keras_longattn.provenance.collect` records it (commit, the sha256 of
+every package source file it imported, backend, date and machine), and,
+for a run of ``keras-longattn reproduce``, the notebook and the behaviour
+record described below.
 
 :func:`check_results` compares a results file's recorded hashes with the
 files as they are now: a results file without provenance is stale ("no
@@ -57,8 +44,9 @@ file and hash. Such a result then depends on
 A result without a behaviour record (or whose fingerprints could not all be
 computed when it ran) is checked by bytes alone, as before.
 
-Only the standard library is imported, and nothing of the package: the docs
-build loads this file on its own (without importing ``keras_longattn``).
+Only the standard library is imported, and of the package only
+:mod:`keras_longattn.provenance` (which imports nothing else of it): the
+docs build uses this module without importing Keras.
 """
 
 from __future__ import annotations
@@ -67,12 +55,25 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from keras_longattn.provenance import (
+    PACKAGE_PARENT,
+    PROVENANCE_KEY,
+    combined_hash,
+    file_sha256,
+    git,
+    git_bytes,
+    imported_source_files,
+    is_checkout,
+    keras_backend,
+    package_dir,
+)
+from keras_longattn.provenance import collect as base_collect
 
 __all__ = [
     "PROVENANCE_KEY",
@@ -93,17 +94,6 @@ __all__ = [
     "write_results",
 ]
 
-#: Key of the record in a results JSON.
-PROVENANCE_KEY = "provenance"
-#: Version of the record's layout.
-SCHEMA = 1
-#: The folder that holds the ``keras_longattn`` package (a checkout's root).
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-PACKAGE_NAME = "keras_longattn"
-#: Folders next to a module holding the native sources that module builds.
-NATIVE_SOURCE_DIRS = ("csrc",)
-#: Packages whose versions are recorded, when the process imported them.
-VERSIONED_PACKAGES = ("keras", "jax", "jaxlib", "tensorflow", "torch", "numpy")
 NO_PROVENANCE = "no provenance recorded"
 #: The environment variable ``keras-longattn reproduce`` sets to the notebook
 #: it runs (read by :func:`collect`).
@@ -112,6 +102,7 @@ NOTEBOOK_ENV_VAR = "KERAS_LONGATTN_NOTEBOOK"
 NOTEBOOK_SIZE_ENV_VAR = "KERAS_LONGATTN_NOTEBOOK_SIZE"
 #: Files that record, show or judge results: no result depends on their bytes.
 PRESENTATION = frozenset({
+    "keras_longattn/provenance.py",
     "keras_longattn/reproductions/__init__.py",
     "keras_longattn/reproductions/provenance.py",
     "keras_longattn/reproductions/recording.py",
@@ -146,137 +137,6 @@ FINGERPRINT_CACHE = "build/fingerprints"
 # ---------------------------------------------------------------------------
 # Recording
 # ---------------------------------------------------------------------------
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 (hex) of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def combined_hash(files: Mapping[str, str]) -> str:
-    """One sha256 over ``{path: sha256}``, independent of the mapping's order."""
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(f"{name}\0{files[name]}\n".encode())
-    return digest.hexdigest()
-
-
-def _package_dir(root: Path) -> Path:
-    return root / PACKAGE_NAME
-
-
-def imported_source_files(modules: Mapping[str, Any] | None = None,
-                          root: str | os.PathLike | None = None) -> dict[str, str]:
-    """``{path relative to root: sha256}`` of the package's source files that
-    ``modules`` (default: ``sys.modules``) hold, sorted by path.
-
-    A module counts when its ``__file__`` lies inside ``<root>/keras_longattn``
-    (``root`` defaults to the folder holding this package); the files of a
-    ``csrc/`` folder beside such a module count too. This module is left out.
-    """
-    root = Path(root).resolve() if root is not None else PACKAGE_PARENT
-    package = _package_dir(root)
-    own = Path(__file__).resolve()
-    modules = sys.modules if modules is None else modules
-    paths: set[Path] = set()
-    for module in list(modules.values()):
-        filename = getattr(module, "__file__", None)
-        if not filename:
-            continue
-        path = Path(filename).resolve()
-        if path == own or package not in path.parents or not path.is_file():
-            continue
-        paths.add(path)
-        for name in NATIVE_SOURCE_DIRS:
-            native = path.parent / name
-            if native.is_dir():
-                paths.update(p for p in native.rglob("*")
-                             if p.is_file() and "__pycache__" not in p.parts)
-    return {path.relative_to(root).as_posix(): file_sha256(path)
-            for path in sorted(paths, key=lambda p: p.relative_to(root).as_posix())}
-
-
-def _git(root: Path, *args: str) -> str | None:
-    """``git <args>`` in ``root``: its stdout, or ``None`` when git is missing
-    or fails."""
-    try:
-        result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout if result.returncode == 0 else None
-
-
-def _checkout(root: Path) -> bool:
-    """Whether ``root`` is the top level of a git work tree."""
-    top = _git(root, "rev-parse", "--show-toplevel")
-    return top is not None and Path(top.strip()).resolve() == root.resolve()
-
-
-def _git_state(root: Path, files: Iterable[str]) -> dict[str, Any]:
-    if not _checkout(root):
-        return {"commit": None, "dirty": None, "dirty_sources": None}
-    commit = _git(root, "rev-parse", "HEAD")
-    status = _git(root, "status", "--porcelain")
-    files = list(files)
-    changed = _git(root, "status", "--porcelain", "--", *files) if files else ""
-    dirty_sources = None
-    if changed is not None:
-        dirty_sources = sorted({line[3:].strip() for line in changed.splitlines() if line})
-    return {
-        "commit": commit.strip() if commit else None,
-        "dirty": None if status is None else bool(status.strip()),
-        "dirty_sources": dirty_sources,
-    }
-
-
-def _processor() -> str:
-    """The CPU model (``/proc/cpuinfo``'s ``model name`` on Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as stream:
-            for line in stream:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _machine(modules: Mapping[str, Any]) -> dict[str, Any]:
-    versions = {}
-    for name in VERSIONED_PACKAGES:
-        module = modules.get(name)
-        version = getattr(module, "__version__", None) if module is not None else None
-        if version is not None:
-            versions[name] = str(version)
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _processor(),
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": usable,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "versions": versions,
-    }
-
-
-def _backend(modules: Mapping[str, Any]) -> str | None:
-    keras = modules.get("keras")
-    if keras is None:
-        return None
-    try:
-        return str(keras.backend.backend())
-    except Exception:  # a half-imported keras: no backend to report
-        return None
 
 
 def is_harness(relative: str, name: str = "", recorded: Iterable[str] = ()) -> bool | None:
@@ -358,19 +218,11 @@ def _notebook_record(root: Path) -> dict[str, Any] | None:
     size = os.environ.get(NOTEBOOK_SIZE_ENV_VAR, "full")
     code = notebook_code_sha256(path.read_bytes(), size)
     committed = None
-    if _checkout(root):
-        blob = _git_bytes(root, "show", f"HEAD:{relative}")
+    if is_checkout(root):
+        blob = git_bytes(root, "show", f"HEAD:{relative}")
         committed = blob is not None and hashlib.sha256(blob).hexdigest() == digest
     return {"path": relative, "sha256": digest, "size": size, "code_sha256": code,
             "committed": committed}
-
-
-def _git_bytes(root: Path, *args: str) -> bytes | None:
-    try:
-        result = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout if result.returncode == 0 else None
 
 
 def tree_hash(root: str | os.PathLike) -> str:
@@ -379,7 +231,7 @@ def tree_hash(root: str | os.PathLike) -> str:
     commands, the data or the benchmark drivers): the key of the
     fingerprint cache."""
     root = Path(root)
-    package = _package_dir(root)
+    package = package_dir(root)
     files = {}
     for p in package.rglob("*"):
         if not p.is_file() or "__pycache__" in p.parts:
@@ -471,7 +323,7 @@ def _behaviour_record(modules: Mapping[str, Any], root: Path) -> dict[str, Any] 
     if recorder is None or not getattr(recorder, "_state", {}).get("started"):
         return None
     subjects = recorder.subjects()
-    backend = _backend(modules)
+    backend = keras_backend(modules)
     record: dict[str, Any] = {"schema": BEHAVIOUR_SCHEMA, "backend": backend,
                               "subjects": subjects, "skipped": recorder.skipped()}
     try:
@@ -488,26 +340,12 @@ BEHAVIOUR_SCHEMA = 1
 
 def collect(modules: Mapping[str, Any] | None = None,
             root: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The provenance record of this process (see the module's docstring).
-
-    Args:
-        modules: the modules to describe; default ``sys.modules``, read when
-            called, so call it at the end of the run.
-        root: the folder holding the package; default the one this module
-            was loaded from.
-    """
+    """The provenance record of this process (:func:`keras_longattn.provenance.collect`,
+    whose arguments these are), with the notebook it runs and its behaviour
+    record when it is a notebook's kernel (see the module's docstring)."""
     modules = sys.modules if modules is None else modules
     root = Path(root).resolve() if root is not None else PACKAGE_PARENT
-    files = imported_source_files(modules, root)
-    record = {"schema": SCHEMA}
-    record.update(_git_state(root, files))
-    record.update({
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "backend": _backend(modules),
-        "source_sha256": combined_hash(files),
-        "source_files": files,
-        "machine": _machine(modules),
-    })
+    record = base_collect(modules, root)
     notebook = _notebook_record(root)
     if notebook is not None:
         record["notebook"] = notebook
@@ -623,7 +461,7 @@ class Staleness:
 
 
 def _first_commit_since(root: Path, commit: str, files: Iterable[str]) -> str | None:
-    log = _git(root, "log", "--format=%h", "--reverse", f"{commit}..HEAD", "--", *files)
+    log = git(root, "log", "--format=%h", "--reverse", f"{commit}..HEAD", "--", *files)
     if not log:
         return None
     return log.split()[0]
@@ -820,7 +658,7 @@ def record_verified(path: str | os.PathLike, root: str | os.PathLike | None = No
     record = results[PROVENANCE_KEY]
     files = {f: file_sha256(root / f) for f in record["source_files"]
              if is_harness(f, path.stem, record["source_files"]) is False and (root / f).is_file()}
-    head = _git(root, "rev-parse", "HEAD") if _checkout(root) else None
+    head = git(root, "rev-parse", "HEAD") if is_checkout(root) else None
     record["behaviour"]["verified"] = {
         "commit": head.strip() if head else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -35,7 +35,7 @@ import pytest
 from keras_longattn.testing import gradients
 from keras_longattn.testing.numerics import rel_error
 from keras_longattn.testing.properties import AttentionLayerProperties
-from keras_longattn.testing.properties import slow_profile
+from keras_longattn.testing.profiles import slow_profile
 
 
 def _np(x):

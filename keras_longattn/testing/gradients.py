@@ -1,4 +1,5 @@
-"""Input gradients on the active Keras backend, for the conformance tests.
+"""Input and weight gradients on the active Keras backend, for the
+conformance and property tests.
 
 ``keras.ops`` has no gradient function, so this is the one place of the
 testing package that talks to a backend directly (imported lazily).
@@ -42,4 +43,47 @@ def input_gradient(fn, x):
         out = torch.sum(fn(v))
         out.backward()
         return v.grad.detach().cpu().numpy()
+    raise NotImplementedError(f"No gradient helper for backend {backend!r}")
+
+
+def weight_gradients(layer, fn):
+    """Gradients of the scalar ``fn()`` with respect to the layer's trainable
+    weights, as a list of numpy arrays (backend-specific; ``fn`` calls the
+    layer)."""
+    variables = list(layer.trainable_variables)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = fn()
+        grads = tape.gradient(loss, variables)
+        return [np.asarray(g) if g is not None else None for g in grads]
+    if backend == "torch":
+        for v in variables:
+            v.value.grad = None
+        loss = fn()
+        loss.backward()
+        return [
+            None if v.value.grad is None else v.value.grad.detach().cpu().numpy()
+            for v in variables
+        ]
+    if backend == "jax":
+        import jax
+
+        non_trainable = [v.value for v in layer.non_trainable_variables]
+        originals = [v.value for v in variables]
+
+        def loss_of(values):
+            # The traced values stand in for the variables (StatelessScope).
+            from keras.src.backend.common.stateless_scope import StatelessScope
+
+            mapping = list(zip(variables, values)) + list(
+                zip(layer.non_trainable_variables, non_trainable)
+            )
+            with StatelessScope(state_mapping=mapping):
+                return fn()
+
+        grads = jax.jit(jax.grad(loss_of))(originals)
+        return [np.asarray(g) for g in grads]
     raise NotImplementedError(f"No gradient helper for backend {backend!r}")

@@ -53,9 +53,10 @@ What is checked (every test name starts with ``test_prop_``):
   give the stored outputs on every backend, and ``.keras`` files saved on
   each backend load and reproduce them.
 
-Hypothesis profiles: ``"ci"`` (derandomised, no deadline, few examples, no
-shrinking) is the default; ``"slow"`` (random, 10x the examples, shrinking)
-is loaded by the root ``conftest.py`` under ``--run-slow``. Each test's number
+Hypothesis profiles (:mod:`keras_longattn.testing.profiles`): ``"ci"``
+(derandomised, no deadline, few examples, no shrinking) is the default;
+``"slow"`` (random, 10x the examples, shrinking) is loaded by the root
+``conftest.py`` under ``--run-slow``. Each test's number
 of examples is :attr:`property_examples` scaled by the active profile; the
 batch-composition test also runs two explicit examples first (10 real
 tokens padded to 30 next to an example of 16, in each mode).
@@ -79,195 +80,20 @@ import os
 import keras
 import numpy as np
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import Phase
 from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from keras_longattn.testing.calls import PADDINGS
+from keras_longattn.testing.calls import call_layer
+from keras_longattn.testing.calls import masked_sum
+from keras_longattn.testing.calls import padding_row
 from keras_longattn.testing.decoding import DecodingProperties
+from keras_longattn.testing.gradients import weight_gradients
+from keras_longattn.testing.profiles import example_budget
+from keras_longattn.testing.profiles import slow_profile
 from keras_longattn.testing.numerics import rel_error
-
-# ------------------------------------------------------------------ profiles
-#: ``max_examples`` of the "ci" profile; tests scale their own counts by the
-#: active profile's ``max_examples`` divided by this.
-CI_MAX_EXAMPLES = 10
-SLOW_MAX_EXAMPLES = 100
-
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    deadline=None,
-    max_examples=CI_MAX_EXAMPLES,
-    database=None,
-    # No shrinking: every new shape compiles again on JAX, and the suite's
-    # strict xfails fail on every run.
-    phases=(Phase.explicit, Phase.generate),
-    suppress_health_check=list(HealthCheck),
-    print_blob=True,
-)
-settings.register_profile(
-    "slow",
-    derandomize=False,
-    deadline=None,
-    max_examples=SLOW_MAX_EXAMPLES,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-    print_blob=True,
-)
-
-
-def load_profile(run_slow=False):
-    """Loads ``"slow"`` when asked, else ``"ci"``; ``HYPOTHESIS_PROFILE``
-    names another registered profile."""
-    name = os.environ.get("HYPOTHESIS_PROFILE") or ("slow" if run_slow else "ci")
-    settings.load_profile(name)
-    return name
-
-
-def slow_profile():
-    """Whether the active profile is longer than "ci" (``--run-slow``)."""
-    return settings.default.max_examples > CI_MAX_EXAMPLES
-
-
-def example_budget(n):
-    """``n`` examples under "ci", scaled by the active profile."""
-    scale = settings.default.max_examples / CI_MAX_EXAMPLES
-    return max(1, int(round(n * scale)))
-
-
-def apply_known_failures(items):
-    """Marks the tests listed in their class's ``known_failures`` as
-    ``xfail(strict=True)`` (for ``pytest_collection_modifyitems``)."""
-    for item in items:
-        known = getattr(getattr(item, "cls", None), "known_failures", None)
-        if not known:
-            continue
-        name = item.name
-        base = getattr(item, "originalname", None) or name.split("[", 1)[0]
-        reason = known.get(name, known.get(base))
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
-
-
-# ------------------------------------------------------------------- helpers
-def _np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def _backend():
-    return keras.backend.backend()
-
-
-PADDINGS = ("none", "right", "left", "middle", "all")
-
-
-def padding_row(kind, n, cut):
-    """A boolean row of ``n`` (True = real) with ``cut`` padded positions
-    placed by ``kind`` ("none", "right", "left", "middle" or "all")."""
-    row = np.ones(n, dtype=bool)
-    cut = int(min(max(cut, 1), n))
-    if kind == "none":
-        return row
-    if kind == "all":
-        row[:] = False
-    elif kind == "right":
-        row[n - cut :] = False
-    elif kind == "left":
-        row[:cut] = False
-    elif kind == "middle":
-        start = (n - cut) // 2
-        row[start : start + cut] = False
-    else:
-        raise ValueError(f"unknown padding kind {kind!r}")
-    return row
-
-
-def weight_gradients(layer, fn):
-    """Gradients of the scalar ``fn()`` with respect to the layer's trainable
-    weights, as a list of numpy arrays (backend-specific; ``fn`` calls the
-    layer)."""
-    variables = list(layer.trainable_variables)
-    backend = _backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            loss = fn()
-        grads = tape.gradient(loss, variables)
-        return [np.asarray(g) if g is not None else None for g in grads]
-    if backend == "torch":
-        for v in variables:
-            v.value.grad = None
-        loss = fn()
-        loss.backward()
-        return [
-            None if v.value.grad is None else v.value.grad.detach().cpu().numpy()
-            for v in variables
-        ]
-    if backend == "jax":
-        import jax
-
-        non_trainable = [v.value for v in layer.non_trainable_variables]
-        originals = [v.value for v in variables]
-
-        def loss_of(values):
-            # The traced values stand in for the variables (StatelessScope).
-            from keras.src.backend.common.stateless_scope import StatelessScope
-
-            mapping = list(zip(variables, values)) + list(
-                zip(layer.non_trainable_variables, non_trainable)
-            )
-            with StatelessScope(state_mapping=mapping):
-                return fn()
-
-        grads = jax.jit(jax.grad(loss_of))(originals)
-        return [np.asarray(g) for g in grads]
-    raise NotImplementedError(f"No gradient helper for backend {backend!r}")
-
-
-def call_layer(layer, query, value, jit=True, **kwargs):
-    """``layer(query, value, **kwargs)`` as numpy. On JAX with ``jit`` the
-    call runs as one compiled program (``stateless_call`` under
-    ``jax.jit``, cached per layer and static arguments): eager JAX compiles
-    every primitive once per new shape, which makes random lengths cost
-    seconds per call. Other backends call the layer eagerly."""
-    if not layer.built:
-        layer.build(tuple(query.shape), tuple(value.shape))
-    if not jit or _backend() != "jax":
-        return _np(layer(query, value, **kwargs))
-    import jax
-
-    static = {k: v for k, v in kwargs.items() if v is None or isinstance(v, (bool, str))}
-    arrays = {k: v for k, v in kwargs.items() if k not in static}
-    key = (tuple(sorted(static.items())), tuple(sorted(arrays)))
-    cache = layer.__dict__.setdefault("_property_jit_cache", {})
-    if key not in cache:
-
-        def run(trainable, non_trainable, q, v, arrs):
-            out, _ = layer.stateless_call(trainable, non_trainable, q, v, **arrs, **static)
-            return out
-
-        cache[key] = jax.jit(run)
-    out = cache[key](
-        [v.value for v in layer.trainable_variables],
-        [v.value for v in layer.non_trainable_variables],
-        query,
-        value,
-        arrays,
-    )
-    return np.asarray(out)
-
-
-def _masked_sum(out, row_mask):
-    """``sum(out)`` over the rows where ``row_mask`` (B, T) is True; other
-    rows contribute exactly nothing (``where``, not a product, so a NaN
-    there cannot leak into the sum or its gradient)."""
-    out = keras.ops.cast(out, "float32")
-    keep = keras.ops.convert_to_tensor(row_mask)[:, :, None]
-    return keras.ops.sum(keras.ops.where(keep, out, keras.ops.zeros_like(out)))
-
 
 class AttentionLayerProperties(DecodingProperties):
     """Hypothesis properties of the attention-layer contract.
@@ -438,7 +264,7 @@ class AttentionLayerProperties(DecodingProperties):
         path = os.environ.get("KERAS_LONGATTN_PROPERTY_LOG")
         if path:
             with open(path, "a") as f:
-                f.write(f"{type(self).__name__} {test} {_backend()}\n")
+                f.write(f"{type(self).__name__} {test} {keras.backend.backend()}\n")
 
     def _examples(self, name):
         return example_budget(self.property_examples.get(name, 3))
@@ -642,12 +468,12 @@ class AttentionLayerProperties(DecodingProperties):
             pytest.skip("layer needs static sequence lengths")
         if jit and not self.supports_jit:
             pytest.skip("layer does not support jit_compile")
-        if not jit and _backend() == "jax" and not slow_profile():
+        if not jit and keras.backend.backend() == "jax" and not slow_profile():
             pytest.skip(
                 "eager fit on JAX compiles every primitive per shape (up to "
                 "minutes per layer): --run-slow"
             )
-        if jit and _backend() == "torch" and not slow_profile():
+        if jit and keras.backend.backend() == "torch" and not slow_profile():
             pytest.skip(
                 "jit_compile on torch (torch.compile) costs minutes to warm up "
                 "on CPU: --run-slow"
@@ -776,7 +602,7 @@ class AttentionLayerProperties(DecodingProperties):
             assert np.all(np.isfinite(out[qmask])), "padding reached a real output"
             np.testing.assert_allclose(out[qmask], clean[qmask], rtol=1e-5, atol=1e-6)
             grads = weight_gradients(
-                layer, lambda: _masked_sum(layer(pq, poisoned_kv, **kwargs), qmask)
+                layer, lambda: masked_sum(layer(pq, poisoned_kv, **kwargs), qmask)
             )
             names = [v.path for v in layer.trainable_variables]
             for name, g in zip(names, grads):
@@ -995,7 +821,7 @@ class AttentionLayerProperties(DecodingProperties):
             case = self._fixture(name)
             err = fixtures.output_error(fixtures.run_case(case, call=self.call), case)
             assert err <= self.fixture_rtol, (
-                f"fixture {name}: relative error {err:.3g} on {_backend()}"
+                f"fixture {name}: relative error {err:.3g} on {keras.backend.backend()}"
             )
 
     @pytest.mark.parametrize("saved_on", ["jax", "tensorflow", "torch"])
@@ -1017,5 +843,5 @@ class AttentionLayerProperties(DecodingProperties):
             model = keras.saving.load_model(path)
             err = fixtures.output_error(fixtures.run_model(model, case), case)
             assert err <= self.fixture_rtol, (
-                f"{name} saved on {saved_on}: relative error {err:.3g} on {_backend()}"
+                f"{name} saved on {saved_on}: relative error {err:.3g} on {keras.backend.backend()}"
             )

@@ -486,6 +486,13 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert row["layer_config"]["window"] == 16 and row["layer_config"]["look_back"] == 1
     assert row["layer_config"]["num_heads"] == 2 and row["layer_config"]["key_dim"] == 16
     assert row["options"] == {}
+    # ... the path the timed calls ran, and the sources the workers imported.
+    assert row["implementation"] == _auto_path(row)
+    assert "modules" not in row
+    record = document["provenance"]
+    assert record["backend"] == BACKEND
+    assert "keras_longattn/layers/local_attention.py" in record["source_files"]
+    assert "keras_longattn/benchmarks/worker.py" in record["source_files"]
 
     table = list(csv.DictReader(io.StringIO((tmp_path / "latest.csv").read_text())))
     assert [r["layer"] for r in table] == layers
@@ -493,6 +500,56 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert all(float(r["median_ms"]) > 0 for r in table)
     assert float(table[0]["time_ratio"]) == 1.0
     assert sorted(path.suffix for path in tmp_path.glob("bench-*")) == [".csv", ".json"]
+
+
+def _auto_path(row):
+    """The path ``implementation="auto"`` takes here for the row's layer."""
+    from keras_longattn.layers import LocalAttention
+
+    layer = LocalAttention.from_config(row["layer_config"])
+    x = np.zeros((1, row["seq_len"], row["num_heads"] * row["head_dim"]), "float32")
+    layer(x, x, use_causal_mask=row["causal"])
+    return layer.last_implementation
+
+
+def test_merged_benchmark_files_keep_each_runs_provenance(tmp_path):
+    """scripts/merge_bench.py: each run keeps its record; the merged record
+    is their union, and a file two runs saw with different bytes matches
+    neither (so the merged file is stale); a run without one leaves none."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "merge_bench", Path(__file__).resolve().parents[2] / "scripts" / "merge_bench.py")
+    merge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(merge)
+
+    def run(name, backend, files, commit="c1"):
+        document = {"config": {"backends": [backend], "lengths": [64], "modes": ["fwd"],
+                               "layers": [name]},
+                    "started": "s", "finished": "f",
+                    "results": [{"backend": backend, "layer": name, "seq_len": 64,
+                                 "mode": "fwd"}]}
+        if files is not None:
+            document["provenance"] = {"commit": commit, "backend": backend,
+                                      "source_files": files, "source_sha256": "x"}
+        path = tmp_path / f"{name}-{backend}.json"
+        path.write_text(json.dumps(document))
+        return str(path)
+
+    a = run("full", "jax", {"a.py": "1", "b.py": "2"})
+    b = run("local", "torch", {"a.py": "1", "b.py": "3", "c.py": "4"})
+    out = tmp_path / "merged.json"
+    merge.main(str(out), a, b, command="bash x.sh")
+    merged = json.loads(out.read_text())
+    assert [r["provenance"]["backend"] for r in merged["runs"]] == ["jax", "torch"]
+    record = merged["provenance"]
+    assert record["source_files"] == {"a.py": "1", "b.py": "differs between runs",
+                                      "c.py": "4"}
+    assert record["commit"] == "c1" and record["backend"] == "jax,torch"
+    assert "source_sha256" not in record and merged["command"] == "bash x.sh"
+
+    merge.main(str(out), a, run("local", "tensorflow", None))
+    assert "provenance" not in json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("layer", ["sparse-strided", "sparse-fixed", "routing", "longformer",

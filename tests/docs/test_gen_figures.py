@@ -116,14 +116,18 @@ def test_benchmark_page_with_results(gen, tmp_path):
         "config": {"layers": ["full", "local"], "lengths": [1024, 4096], "window": 256},
         "machine": {"platform": "Linux", "usable_cpus": 2, "versions": {"keras": "3"}},
         "results": [
-            _row("full", 1024, 100.0, 2 ** 26, 1.0), _row("local", 1024, 50.0, 2 ** 25, 2.0),
+            _row("full", 1024, 100.0, 2 ** 26, 1.0),
+            dict(_row("local", 1024, 50.0, 2 ** 25, 2.0), implementation="band_kernel"),
             _row("full", 4096, None, None, status="oom"), _row("local", 4096, 200.0, 2 ** 26),
         ],
     }
     page = gen.benchmark_page(document, ROOT / "docs/benchmarks/results.json", "committed",
                               assets=tmp_path)
     assert "### jax" in page
-    assert "| `local` | 1,024 | yes | fwdbwd | 50.0 | 2.00x | 32.0 | 0.50 | ok |" in page
+    # The path column: what ran, a dash where the row does not record it.
+    assert ("| `local` | `band_kernel` | 1,024 | yes | fwdbwd | 50.0 | 2.00x | 32.0 | 0.50 "
+            "| ok |") in page
+    assert "| `full` | — | 1,024 |" in page
     assert "oom: killed" in page
     assert (tmp_path / "benchmark.png").stat().st_size > 1000
     local = gen.benchmark_page(document, ROOT / "build/benchmarks/latest.json", "local",

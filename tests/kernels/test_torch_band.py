@@ -566,7 +566,7 @@ def test_longformer_band_kernel_global_mask_and_weight_gradients(causal):
     """Per-example global positions with padding: outputs and the gradients
     of every weight (the global projections' included) equal the
     reference; ``auto`` takes the kernel, and dilated heads refuse it."""
-    from keras_longattn.testing.properties import weight_gradients
+    from keras_longattn.testing.gradients import weight_gradients
 
     n = 45
     rng = np.random.default_rng(7)

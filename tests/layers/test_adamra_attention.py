@@ -14,7 +14,7 @@ from keras_longattn.ops import adamra as adamra_ops
 from keras_longattn.testing import AttentionLayerConformance
 from keras_longattn.testing import rel_error
 from keras_longattn.testing.gradients import input_gradient
-from keras_longattn.testing.properties import weight_gradients
+from keras_longattn.testing.gradients import weight_gradients
 
 BACKEND = keras.backend.backend()
 

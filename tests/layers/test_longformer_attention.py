@@ -333,7 +333,7 @@ def test_global_rows_in_input_space_equal_projected_keys(causal, implementation)
     and the gradients of every weight (the global projections' included)
     equal the reference, which projects every key. Query, key and value
     inputs differ (a swapped input would show), with padding and biases."""
-    from keras_longattn.testing.properties import weight_gradients
+    from keras_longattn.testing.gradients import weight_gradients
 
     # Seeded initialisers too: an unseeded draw once put a gradient at the
     # 1e-4 tolerance (jax, one run in about ten).

@@ -17,8 +17,8 @@ from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import RoutingAttention
 from keras_longattn.layers import SparseAttention
 from keras_longattn.testing import rel_error
-from keras_longattn.testing.properties import call_layer
-from keras_longattn.testing.properties import weight_gradients
+from keras_longattn.testing.calls import call_layer
+from keras_longattn.testing.gradients import weight_gradients
 
 BACKEND = keras.backend.backend()
 F = 16
