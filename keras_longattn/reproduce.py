@@ -394,6 +394,7 @@ def execute_notebook(
             progress_bar=False,
             log_output=log_output,
             extra_arguments=kernel_arguments(record=full if record is None else record),
+            kernel_manager_class=_kernel_manager_class(),
             **engine_kwargs,
         )
     except PapermillExecutionError as error:
@@ -454,6 +455,22 @@ def kernel_arguments(record: bool = True) -> list[str]:
         "_m = _u.module_from_spec(_p); _s.modules[_p.name] = _m; "
         "_p.loader.exec_module(_m); _m.start(); del _u, _s, _p, _m")
     return [*KERNEL_ARGUMENTS, f"--IPKernelApp.exec_lines={json.dumps([spec_line])}"]
+
+def _kernel_manager_class():
+    """jupyter_client's ``AsyncKernelManager`` without the interrupt it
+    sends before a shutdown request: the notebook's kernel is idle by then
+    (a cell that timed out was interrupted already), and a SIGINT that
+    meets an idle kernel makes it log "KeyboardInterrupt caught in kernel"
+    on the terminal now and then."""
+    from jupyter_client import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self):
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
+
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")

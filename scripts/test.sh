@@ -59,8 +59,10 @@ unit_tests() {
     # keeps it here too).
     xla_flags="$xla_flags --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
   fi
-  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider --durations=15 "$@" \
-    >"$LOGS/unit-$label.log" 2>&1
+  # --junitxml: every test's time, summed by file and folder afterwards
+  # (python scripts/test_times.py build/test-logs/*.xml).
+  XLA_FLAGS="$xla_flags" KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider --durations=15 \
+    --junitxml="$LOGS/unit-$label.xml" "$@" >"$LOGS/unit-$label.log" 2>&1
   rc=$?
   if [ $rc -eq 5 ]; then
     echo "[test] $label: no tests collected" >>"$LOGS/unit-$label.log"

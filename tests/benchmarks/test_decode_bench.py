@@ -13,6 +13,8 @@ import pytest
 
 from keras_longattn import cli
 from keras_longattn.benchmarks import decode
+from keras_longattn.benchmarks import decode_layers
+from keras_longattn.benchmarks import decode_report
 
 #: Largest absolute difference from the forward pass (float32).
 TOL = 2e-5
@@ -20,9 +22,9 @@ WINDOW = 16
 HEADS, HEAD_DIM = 2, 8
 
 
-@pytest.mark.parametrize("name", decode.LAYERS)
+@pytest.mark.parametrize("name", decode_layers.LAYERS)
 def test_step_equals_the_last_row_of_the_forward_pass(name):
-    if name == decode.PEER:
+    if name == decode_layers.PEER:
         pytest.importorskip("keras_hub")
     result = decode.check_step(name, 64, batch=2, num_heads=HEADS, head_dim=HEAD_DIM,
                                window=WINDOW)
@@ -37,14 +39,14 @@ def test_peer_is_a_sliding_window_of_the_same_width():
     from keras_longattn.layers import LocalAttention
 
     n = 40
-    peer = decode.build_layer(decode.PEER, HEADS, HEAD_DIM, WINDOW)
+    peer = decode_layers.build_layer(decode_layers.PEER, HEADS, HEAD_DIM, WINDOW)
     x = np.random.default_rng(3).normal(size=(1, n, HEADS * HEAD_DIM)).astype("float32")
-    got = keras.ops.convert_to_numpy(decode.full_forward(peer, decode.PEER, x, WINDOW))
+    got = keras.ops.convert_to_numpy(decode_layers.full_forward(peer, decode_layers.PEER, x, WINDOW))
     local = LocalAttention.from_multi_head_attention(peer, window=WINDOW)
     expected = keras.ops.convert_to_numpy(local(x, x, use_causal_mask=True))
     np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
     # A wrong band (one position narrower) gives other outputs.
-    narrower = keras.ops.convert_to_numpy(decode.full_forward(peer, decode.PEER, x, WINDOW - 1))
+    narrower = keras.ops.convert_to_numpy(decode_layers.full_forward(peer, decode_layers.PEER, x, WINDOW - 1))
     assert np.max(np.abs(narrower[:, WINDOW:] - expected[:, WINDOW:])) > 1e-3
 
 
@@ -66,7 +68,7 @@ def test_report_rows_ratios_and_cache_bytes(tmp_path):
         assert row["backend"] == keras.backend.backend()
         assert row["device"]
         assert len(row["times_s"]) == 2 and row["time_per_token_s"] > 0
-        layer = decode.build_layer(row["layer"], HEADS, HEAD_DIM, WINDOW)
+        layer = decode_layers.build_layer(row["layer"], HEADS, HEAD_DIM, WINDOW)
         x = np.zeros((1, 4, HEADS * HEAD_DIM), "float32")
         layer(x, x, use_causal_mask=True)
         cache = keras.ops.convert_to_numpy(layer.init_cache(1, row["context"]))
@@ -85,26 +87,26 @@ def test_report_rows_ratios_and_cache_bytes(tmp_path):
 
 
 def test_layers_that_depend_on_the_context():
-    routing = decode.build_layer("routing", HEADS, HEAD_DIM, WINDOW, context=1000)
-    assert routing.num_clusters == decode.routing_clusters(1000) == 32
+    routing = decode_layers.build_layer("routing", HEADS, HEAD_DIM, WINDOW, context=1000)
+    assert routing.num_clusters == decode_layers.routing_clusters(1000) == 32
     assert routing.window == WINDOW and routing.causal_routing == "token"
-    synthesizer = decode.build_layer("synthesizer", HEADS, HEAD_DIM, WINDOW, context=300)
+    synthesizer = decode_layers.build_layer("synthesizer", HEADS, HEAD_DIM, WINDOW, context=300)
     assert synthesizer.max_length == 300 and synthesizer.kind == "dense+vanilla"
-    assert decode.build_layer("bigbird", HEADS, HEAD_DIM, 256).block_size == 64
+    assert decode_layers.build_layer("bigbird", HEADS, HEAD_DIM, 256).block_size == 64
     for name in ("routing", "synthesizer"):
         with pytest.raises(ValueError, match=r"context=None"):
-            decode.build_layer(name, HEADS, HEAD_DIM, WINDOW)
+            decode_layers.build_layer(name, HEADS, HEAD_DIM, WINDOW)
 
 
 def test_longformer_cache_is_the_window_and_the_global_tokens():
-    layer = decode.build_layer("longformer", HEADS, HEAD_DIM, WINDOW)
+    layer = decode_layers.build_layer("longformer", HEADS, HEAD_DIM, WINDOW)
     x = np.zeros((1, 20, HEADS * HEAD_DIM), "float32")
     layer(x, x, use_causal_mask=True)
     short, long = (tuple(layer.init_cache(1, n).shape) for n in (64, 1024))
     assert short == long
     # A ring of window + 1 positions, the global keys and values, and their
     # global-projection keys and values.
-    assert short[2] == WINDOW + 1 + 2 * decode.LONGFORMER_GLOBAL_TOKENS
+    assert short[2] == WINDOW + 1 + 2 * decode_layers.LONGFORMER_GLOBAL_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +115,7 @@ def tiny_run():
     installed (its criterion is then measured at the larger context)."""
     layers = ["full", "local", "linear"]
     if importlib.util.find_spec("keras_hub") is not None:
-        layers.append(decode.PEER)
+        layers.append(decode_layers.PEER)
     return decode.run_decode_benchmark(
         layers=layers, contexts=[64, 256], num_heads=HEADS, head_dim=HEAD_DIM, window=WINDOW,
         warmup=1, repeats=3, output_dir=None, in_process=True)
@@ -126,14 +128,14 @@ def _by_name(criteria):
 
 def test_criteria_from_a_real_run(tiny_run):
     rows = {(r["layer"], r["context"]): r for r in tiny_run["rows"]}
-    criteria = _by_name(decode.decode_criteria(tiny_run, peer_context=256))
+    criteria = _by_name(decode_report.decode_criteria(tiny_run, peer_context=256))
     assert set(criteria) == {"local_time_flat", "linear_time_flat", "local_cache",
                              "local_vs_peer"}
     for name in ("local", "linear"):
         item = criteria[f"{name}_time_flat"]
         growth = rows[(name, 256)]["time_per_token_s"] / rows[(name, 64)]["time_per_token_s"]
         assert item["values"]["growth"] == pytest.approx(growth)
-        assert item["verdict"] == ("passed" if growth <= decode.GROWTH_LIMIT else "failed")
+        assert item["verdict"] == ("passed" if growth <= decode_report.GROWTH_LIMIT else "failed")
         assert f"{growth:.2f}x" in item["measured"]
     cache = criteria["local_cache"]
     assert cache["verdict"] == "passed", cache
@@ -142,25 +144,25 @@ def test_criteria_from_a_real_run(tiny_run):
         assert cache["values"][str(n)]["ratio"] == pytest.approx(ratio)
         assert cache["values"][str(n)]["limit"] == WINDOW / n
     peer = criteria["local_vs_peer"]
-    if (decode.PEER, 256) in rows:
-        speedup = (rows[(decode.PEER, 256)]["time_per_token_s"]
+    if (decode_layers.PEER, 256) in rows:
+        speedup = (rows[(decode_layers.PEER, 256)]["time_per_token_s"]
                    / rows[("local", 256)]["time_per_token_s"])
         assert peer["values"]["speedup"] == pytest.approx(speedup)
-        assert peer["verdict"] == ("passed" if speedup >= decode.PEER_SPEEDUP_LIMIT
+        assert peer["verdict"] == ("passed" if speedup >= decode_report.PEER_SPEEDUP_LIMIT
                                    else "failed")
     else:
         assert peer["verdict"] == "not measured"
     # At the issue's 32K the run measured nothing.
-    default = _by_name(decode.decode_criteria(tiny_run))["local_vs_peer"]
+    default = _by_name(decode_report.decode_criteria(tiny_run))["local_vs_peer"]
     assert default["verdict"] == "not measured" and "32,768" in default["measured"]
-    table = decode.criteria_table(list(criteria.values()))
+    table = decode_report.criteria_table(list(criteria.values()))
     assert table.count("\n") == 1 + len(criteria) and "| passed |" in table
 
 
 def test_criteria_fail_a_layer_whose_cache_grows(tiny_run):
     """Full's rows in the place of Local's: its cache is the whole context,
     far above window / context of Full's, at every context."""
-    criteria = _by_name(decode.decode_criteria(tiny_run, local="full", peer_context=256))
+    criteria = _by_name(decode_report.decode_criteria(tiny_run, local="full", peer_context=256))
     cache = criteria["local_cache"]
     assert cache["verdict"] == "failed"
     assert all(v["ratio"] == 1.0 for v in cache["values"].values())
@@ -172,7 +174,7 @@ def test_criteria_fail_a_layer_that_ran_out_of_memory(tiny_run):
     for row in report["rows"]:
         if row["layer"] == "local" and row["context"] == 256:
             row.update(status="oom", message="timing: RESOURCE_EXHAUSTED")
-    criteria = _by_name(decode.decode_criteria(report, peer_context=256))
+    criteria = _by_name(decode_report.decode_criteria(report, peer_context=256))
     assert criteria["local_time_flat"]["verdict"] == "failed"
     assert "oom" in criteria["local_time_flat"]["measured"]
     assert criteria["local_cache"]["verdict"] == "failed"
@@ -184,11 +186,11 @@ def test_committed_results_file(tiny_run, tmp_path):
     from keras_longattn.reproductions import pages, provenance
 
     path = tmp_path / "docs" / "benchmarks" / "decode.json"
-    written = decode.write_decode_results(tiny_run, path, command="keras-longattn decode-bench")
+    written = decode_report.write_decode_results(tiny_run, path, command="keras-longattn decode-bench")
     saved = json.loads(path.read_text())
     assert written == str(path)
     assert saved["rows"] == json.loads(json.dumps(tiny_run["rows"]))
-    assert saved["criteria"] == decode.decode_criteria(tiny_run)
+    assert saved["criteria"] == decode_report.decode_criteria(tiny_run)
     assert saved["command"] == "keras-longattn decode-bench"
     assert "| local | 256 |" in saved["table"] and "window 16" in saved["table"]
     files = saved["provenance"]["source_files"]
@@ -226,7 +228,7 @@ def test_cli_write(tmp_path, monkeypatch, capsys):
 def test_peer_without_keras_hub_is_unavailable(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # import keras_hub fails
     report = decode.run_decode_benchmark(
-        layers=[decode.PEER], contexts=[32], num_heads=HEADS, head_dim=HEAD_DIM,
+        layers=[decode_layers.PEER], contexts=[32], num_heads=HEADS, head_dim=HEAD_DIM,
         window=WINDOW, warmup=0, repeats=1, output_dir=None, in_process=True)
     (row,) = report["rows"]
     assert row["status"] == "unavailable"

@@ -4,7 +4,12 @@ table's entries backed by the committed results."""
 
 import json
 
+import pytest
+
 from keras_longattn.benchmarks import device_report as dr
+
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
 
 
 def _run(local_ms=10.0, cudnn_ms=8.0, full_ms=300.0, flex_ms=5.0, direct_ms=4.8, peak=800.0,

@@ -7,6 +7,9 @@ import pytest
 from keras_longattn.benchmarks import layer_config
 from keras_longattn.benchmarks.layer_config import LayerConfigError
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 VARIABLES = {"seq_len": 4096, "batch": 1, "num_heads": 4, "key_dim": 64,
              "head_dim": 64, "window": 256}
 

@@ -7,6 +7,9 @@ from keras_longattn.datasets import load_digits_sequences
 from keras_longattn.datasets import quantize
 from keras_longattn.datasets import resize_images
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
 

@@ -12,6 +12,9 @@ from keras_longattn.datasets import recall
 from keras_longattn.datasets import text
 from keras_longattn.testing.data import WIKI_PATH
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 NEEDS_WIKI = (text, matching)
 
 

@@ -10,6 +10,9 @@ from keras_longattn.datasets import decode_listops
 from keras_longattn.datasets import listops_token_id
 from keras_longattn.datasets import make_listops
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _parse(tokens, pos=0):
     """Recursive descent over text tokens.

@@ -8,7 +8,8 @@ from keras_longattn.datasets import make_document_matching
 from keras_longattn.datasets import wiki_article_splits
 from keras_longattn.testing.data import requires_wiki
 
-pytestmark = requires_wiki
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = [requires_wiki, pytest.mark.backend_free]
 
 
 def _sources(chunk, texts):

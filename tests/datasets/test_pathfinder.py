@@ -8,6 +8,9 @@ import pytest
 from keras_longattn.datasets import PATHFINDER_ENDPOINT
 from keras_longattn.datasets import make_pathfinder
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _components(image, radius):
     """Labels drawn pixels; neighbours within Chebyshev distance `radius`."""

@@ -5,6 +5,9 @@ import pytest
 
 from keras_longattn.datasets import make_associative_recall
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _scan(row, num_keys):
     """Returns (value token, distance) found by scanning `row`."""

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -63,6 +63,9 @@ sys.path.insert(0, str(ROOT))
 
 from keras_longattn.reproductions import pages  # noqa: E402
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 #: The pages read: every Markdown file of these folders (results/ holds
 #: no page).
 FOLDERS = ("docs", "papers")

@@ -13,6 +13,9 @@ import pytest
 
 from keras_longattn import reproduce
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(
     p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith(("_", "."))

@@ -24,6 +24,9 @@ import pytest
 from keras_longattn import reproduce
 from keras_longattn.reproductions import provenance
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_NOTEBOOKS = ("adamra", "linformer", "longformer", "routing_transformer",
                    "sparse_transformer", "synthesizer")

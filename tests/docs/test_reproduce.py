@@ -12,6 +12,9 @@ import pytest
 
 from keras_longattn import reproduce
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _notebook(parameters_source, full=None, tags=("parameters",)):
     return {

@@ -17,6 +17,9 @@ import pytest
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import pages
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
 

@@ -11,6 +11,9 @@ import pytest
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import planted as pl
 
+# The outcome does not depend on the Keras backend: one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _claims(verdict, asserted=True):
     return [cl.Claim("beats_control", "x beats y", "paper", "0.9 vs 0.1", verdict, asserted)]
