@@ -212,7 +212,7 @@ def main(argv=None):
     if args.output:
         from keras_longattn.provenance import collect
 
-        command = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m "
+        command = ("KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m "
                    f"keras_longattn.parallel.measure --length {args.length} --devices "
                    f"{args.devices} --window {args.window} --heads {args.heads} --head-dim "
                    f"{args.head_dim} --kinds {args.kinds} --output {args.output}")
