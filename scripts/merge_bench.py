@@ -13,9 +13,10 @@ FullAttention row of its own run.
 
 Each run keeps its provenance record (`keras_longattn.provenance.collect`);
 the merged file's `provenance` is their union (`keras-longattn reproduce
---stale` checks it): the commit when every run has the same one, and every
-source file any run imported with its sha256 (a file two runs recorded with
-different bytes gets neither hash, so the merged file is stale). A run
+--stale` checks it): every source file any run imported with its sha256 (a
+file two runs recorded with different bytes gets neither hash, so the merged
+file is stale), the last run's commit unless such a file exists, and
+`commits` when the runs ran at more than one. A run
 without provenance leaves the merged file without one. `--command` records
 how the file is re-made, `--note` a description shown on the docs page."""
 
@@ -58,8 +59,9 @@ def merged_provenance(runs):
             files[name] = digest if files.get(name, digest) == digest else "differs between runs"
     commits = sorted({r.get("commit") for r in records}, key=str)
     merged = dict(records[-1])
+    differ = "differs between runs" in files.values()
     merged.update(source_files=dict(sorted(files.items())),
-                  commit=commits[0] if len(commits) == 1 else None,
+                  commit=None if differ else records[-1].get("commit"),
                   dirty=any(bool(r.get("dirty")) for r in records),
                   backend=",".join(sorted({b for r in records
                                            for b in str(r.get("backend") or "").split(",") if b})))

@@ -231,6 +231,11 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | No
             print_table(partial, file=sys.stdout, use_rich=use_rich)
         print("interrupted", file=sys.stderr)
         return 130
+    if results.paths:
+        from . import record
+
+        record.annotate(results, results.metadata)
+        record.rewrite(results, results.paths)
     print_table(results, file=sys.stdout, use_rich=use_rich)
     if args.efficiency:
         print("\n" + format_efficiency(results), file=sys.stdout)

@@ -626,7 +626,6 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
     total = len(jobs)
     skip = _SkipAhead()
     rows: list[dict[str, Any]] = []
-    modules: set[str] = set()
     try:
         for index, job in enumerate(jobs, start=1):
             reason = skip.reason(job) or peers.skip_reason(job)
@@ -637,7 +636,6 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
                 progress.start(index, total, job)
                 outcome = run_job(job, config.timeout, limit)
                 skip.record(job, outcome["status"])
-            modules.update(outcome.pop("modules", None) or ())
             row = _row(job, outcome)
             rows.append(row)
             progress.finish(index, total, job, row)
@@ -647,7 +645,6 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
         compute_ratios(rows, config.baseline)
         metadata["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         metadata["interrupted"] = True
-        metadata["provenance"] = provenance_of(modules, config.backends)
         interrupt.results = BenchmarkResults(rows, config, metadata)
         raise
     finally:
@@ -656,28 +653,7 @@ def execute(config: BenchmarkConfig, progress: Progress | None = None) -> Benchm
     annotate_efficiency(rows)
     metadata["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     metadata["interrupted"] = False
-    metadata["provenance"] = provenance_of(modules, config.backends)
     return BenchmarkResults(rows, config, metadata)
-
-
-def provenance_of(modules: Iterable[str], backends: Sequence[str]) -> dict[str, Any]:
-    """The provenance record (:func:`keras_longattn.provenance.collect`) of
-    a run whose workers imported ``modules``: they are imported here (a
-    module of another backend's kernels that cannot be is skipped), so that
-    the record hashes the sources the workers ran, with this process's
-    own (the runner's); its ``backend`` is the run's backends."""
-    import importlib
-
-    from keras_longattn import provenance
-
-    for module in sorted(modules):
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a module another backend needs
-            continue
-    record = provenance.collect()
-    record["backend"] = ",".join(backends)
-    return record
 
 
 def run_benchmark(

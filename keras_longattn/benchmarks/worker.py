@@ -544,9 +544,7 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         memory in bytes (``peak_memory_bytes``, ``baseline_rss_bytes``...),
         and what ran (``layer_spec``: the layer config it was built from,
         ``layer_class``, ``layer_config``: the layer's ``get_config()``,
-        ``implementation``: the layer's ``last_implementation`` after the
-        timed calls, ``modules``: the package's modules imported, versions,
-        device).
+        versions, device).
     """
     config = {**DEFAULT_CONFIG, **config}
     backend = config["backend"] or os.environ.get("KERAS_BACKEND") or "jax"
@@ -586,7 +584,6 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         rng = np.random.default_rng(int(config["seed"]))
         x_np = rng.standard_normal((batch, seq_len, heads * head_dim), dtype=np.float32)
         layer = build_layer(spec, label=config["layer"])
-        built = layer
         result["layer_class"] = f"{type(layer).__module__}.{type(layer).__qualname__}"
         if config["scope"] == "attention":
             layer = _attention_only(layer, heads, head_dim)
@@ -638,8 +635,6 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
         finally:
             gc.enable()
         result["page_faults"] = faults
-        # The path the timed calls ran (what "auto" chose, or the one named).
-        result["implementation"] = getattr(built, "last_implementation", None)
 
         result["host_peak_rss_bytes"] = host.peak()
         result["host_peak_increase_bytes"] = host.increase()
@@ -666,8 +661,6 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - everything becomes a status
         record_failure(result, stage, exc)
     result["python"] = platform.python_version()
-    # The package's modules this worker ran (the runner records their sources).
-    result["modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "keras_longattn")
     allocator = allocator_settings()
     if allocator:
         result["allocator"] = allocator

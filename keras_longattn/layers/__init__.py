@@ -1,7 +1,7 @@
 """Attention layers. Each is a drop-in replacement for
 ``keras.layers.MultiHeadAttention``."""
 
-from keras_longattn.layers.selection import AttentionContext
+from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.base_attention import BaseAttention
 from keras_longattn.layers.full_attention import FullAttention
 from keras_longattn.layers.dispatch import Implementation

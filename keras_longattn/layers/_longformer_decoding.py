@@ -6,7 +6,7 @@ global-projection keys and values for the global rows."""
 from keras import ops
 
 from keras_longattn import ops as la_ops
-from keras_longattn.layers.selection import AttentionContext
+from keras_longattn.layers.base_attention import AttentionContext
 from keras_longattn.layers.decoding import only_written
 from keras_longattn.ops.checks import concrete_int
 from keras_longattn.ops import longformer as la_longformer

@@ -545,8 +545,12 @@ def test_merged_benchmark_files_keep_each_runs_provenance(tmp_path):
     record = merged["provenance"]
     assert record["source_files"] == {"a.py": "1", "b.py": "differs between runs",
                                       "c.py": "4"}
-    assert record["commit"] == "c1" and record["backend"] == "jax,torch"
+    assert record["commit"] is None and record["backend"] == "jax,torch"
     assert "source_sha256" not in record and merged["command"] == "bash x.sh"
+
+    merge.main(str(out), a, run("local", "torch", {"a.py": "1"}, commit="c2"))
+    record = json.loads(out.read_text())["provenance"]
+    assert record["commit"] == "c2" and record["commits"] == ["c1", "c2"]
 
     merge.main(str(out), a, run("local", "tensorflow", None))
     assert "provenance" not in json.loads(out.read_text())

@@ -8,7 +8,7 @@ import pytest
 
 from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LocalAttention
-from keras_longattn.layers import selection
+from keras_longattn.layers import base_attention
 
 
 def _refuse_everything(monkeypatch, layer, reason):
@@ -17,7 +17,7 @@ def _refuse_everything(monkeypatch, layer, reason):
 
 
 def test_auto_warns_once_when_every_path_refuses(monkeypatch):
-    monkeypatch.setattr(selection, "_WARNED_FALLBACKS", set())
+    monkeypatch.setattr(base_attention, "_WARNED_FALLBACKS", set())
     x = np.random.default_rng(0).standard_normal((1, 12, 8)).astype("float32")
     layer = LocalAttention(num_heads=2, key_dim=4, window=4)
     layer(x, x)
@@ -34,7 +34,7 @@ def test_auto_warns_once_when_every_path_refuses(monkeypatch):
 
 
 def test_no_warning_where_the_reference_costs_the_same(monkeypatch):
-    monkeypatch.setattr(selection, "_WARNED_FALLBACKS", set())
+    monkeypatch.setattr(base_attention, "_WARNED_FALLBACKS", set())
     x = np.zeros((1, 6, 8), "float32")
     layer = FullAttention(num_heads=2, key_dim=4)
     layer(x, x)
