@@ -34,6 +34,10 @@ from keras_longattn.benchmarks import layer_config, runner, worker
 from keras_longattn.benchmarks import registry as bench_registry
 from keras_longattn.benchmarks.report import CSV_COLUMNS, format_notes, to_csv
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 BACKEND = keras.backend.backend()
 
 DASH = "\u2014"

@@ -16,6 +16,10 @@ from keras_longattn.benchmarks import decode
 from keras_longattn.benchmarks import decode_layers
 from keras_longattn.benchmarks import decode_report
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 #: Largest absolute difference from the forward pass (float32).
 TOL = 2e-5
 WINDOW = 16

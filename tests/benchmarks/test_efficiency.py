@@ -11,6 +11,10 @@ from keras_longattn.layers import FullAttention
 from keras_longattn.layers import LocalAttention
 from keras_longattn.layers import SparseAttention
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _dense_pairs(layer, n, causal):
     if hasattr(layer, "head_patterns"):

@@ -18,6 +18,10 @@ from keras_longattn.benchmarks import peers
 from keras_longattn.benchmarks import run_benchmark
 from keras_longattn.benchmarks.command import build_parser
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 BACKEND = keras.backend.backend()
 torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the peers run on torch only")
 

@@ -8,6 +8,10 @@ import pytest
 
 from keras_longattn.benchmarks import span_cost
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 
 def _row(layer, ms, backend="torch", n=4096, mode="fwd", index=0, status="ok"):
     return {"layer": layer, "backend": backend, "seq_len": n, "mode": mode, "round": index,

@@ -29,10 +29,12 @@ def _row(n, peak, **extra):
 
 def test_memory_curve_section_has_a_table_and_a_figure(gen, tmp_path):
     document = {"started": "2026-01-01T00:00:00", "results": [
-        _row(16384, 16384 * 5000), _row(1048576, 1048576 * 5200),
+        _row(16384, 16384 * 5000), _row(1048576, 1048576 * 5200, implementation="band_kernel"),
         _row(65536, None, status="oom")]}
     text = gen.memory_curve_section(document, tmp_path)
-    assert "| `local` | 1,048,576 |" in text and "5,200" in text
+    # The path column: what ran, or that the row does not say.
+    assert "| `local` | `band_kernel` | 1,048,576 |" in text and "5,200" in text
+    assert "| `local` | not recorded | 16,384 |" in text
     assert "65,536" not in text  # not completed: not in the curve
     assert (tmp_path / gen.MEMORY_PLOT_NAME).is_file()
     assert gen.memory_curve_section(None, tmp_path) == ""

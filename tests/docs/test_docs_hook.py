@@ -146,6 +146,9 @@ def _build(root):
     return result.stderr, time.perf_counter() - start
 
 
+# Two whole builds (~100 s): CI's build stage makes the same strict build from
+# a clean clone, whose pages the browser stage opens; this runs with --run-slow.
+@pytest.mark.slow
 def test_strict_build_from_sources_without_generated_files(tmp_path):
     _clean_copy(tmp_path)
     # A leftover of an older run (not in the nav) must not break the build.

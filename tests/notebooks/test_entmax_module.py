@@ -8,6 +8,10 @@ import pytest
 from keras_longattn.layers import EntmaxAttention
 from keras_longattn.reproductions import entmax as em
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 TINY = em.RecallConfig(pairs=4, num_keys=6, num_values=3, layers=2, dim=8, num_heads=2,
                        batch_size=4, steps=2, test_sequences=8, learning_rate=1e-2)
 

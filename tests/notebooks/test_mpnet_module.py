@@ -10,6 +10,10 @@ from keras_longattn.models import two_stream_masks
 from keras_longattn.models.mpnet import PretrainingModel
 from keras_longattn.reproductions import mpnet as mp
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 TINY = mp.PretrainConfig(length=10, predict_ratio=0.3, dim=8, layers=1, num_heads=2,
                          batch_size=4, steps=3, learning_rate=1e-2, valid_windows=8)
 DATA = np.random.default_rng(0).integers(0, 256, size=2_000).astype("int32")

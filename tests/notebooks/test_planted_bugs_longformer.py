@@ -22,6 +22,10 @@ from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import longformer as lf
 from keras_longattn.reproductions import sparse_transformer as st
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 MARGINS = dict(accuracy_margin=20.0, min_full_accuracy=80.0, max_blind_excess=10.0,
                bpb_margin=0.02, max_linear_growth=4.5, min_full_growth=10.0,
                min_memory_ratio=3.0, min_flops_ratio=3.0, min_bench_speedup=1.5,

@@ -11,6 +11,10 @@ import pytest
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import mpnet as mp
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 MARGINS = dict(leak_tolerance=1e-5, min_dependence=1e-3, min_bits_drop=1.0,
                accuracy_margin=2.0, downstream_margin=2.0)
 ASSERTED = {"query_no_leak", "position_compensation", "trainable"}

@@ -11,6 +11,10 @@ import pytest
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import sandwich_transformer as sw
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 MARGINS = dict(bpb_margin=0.02, digits_margin=0.02, min_rho=0.5)
 PATTERNS = {"interleaved": "sfsfsf", "sandwich_1": "ssfsff", "sandwich_2": "sssfff"}
 

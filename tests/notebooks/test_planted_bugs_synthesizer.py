@@ -18,6 +18,10 @@ from keras_longattn.layers import SynthesizerAttention
 from keras_longattn.reproductions import claims as cl
 from keras_longattn.reproductions import synthesizer as syn
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 LENGTH, DIM, HEADS = 8, 8, 2
 KINDS = ("vanilla",) + syn.PURE_SYNTHETIC + syn.MIXTURES
 MARGINS = dict(zero_tolerance=1e-6, detect=1e-3, min_vanilla_accuracy=0.8,

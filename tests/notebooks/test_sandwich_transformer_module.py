@@ -13,6 +13,10 @@ from keras_longattn.models import (build_causal_language_model, build_sublayers,
                                    sandwich_pattern, validate_layer_pattern)
 from keras_longattn.reproductions import sandwich_transformer as sw
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 # A model trained once, on PyTorch: JAX runs the same code in the planted
 # tests (tests/notebooks/test_planted_real.py) and the notebook, on CI time.
 trains = pytest.mark.skipif(keras.backend.backend() != "torch",

@@ -9,6 +9,10 @@ import keras
 
 from keras_longattn.reproductions import synthesizer as syn
 
+# The outcome does not depend on the Keras backend (the layers it uses are
+# checked on every backend by their own tests): one backend runs it (conftest.py).
+pytestmark = pytest.mark.backend_free
+
 # A model trained once, on PyTorch: JAX runs the same code in the planted
 # tests (tests/notebooks/test_planted_real.py) and the notebooks, on CI time.
 trains = pytest.mark.skipif(keras.backend.backend() != "torch",
