@@ -68,7 +68,6 @@ from keras_longattn.provenance import (
     file_sha256,
     git,
     git_bytes,
-    imported_source_files,
     is_checkout,
     keras_backend,
     package_dir,
@@ -90,7 +89,6 @@ __all__ = [
     "combined_hash",
     "file_sha256",
     "format_stale",
-    "imported_source_files",
     "write_results",
 ]
 
