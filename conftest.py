@@ -19,18 +19,51 @@
   backend's unit tests only, :data:`BACKEND_FREE_BACKEND` (override:
   ``KERAS_LONGATTN_BACKEND_FREE_ON``), and on every backend under
   ``--run-slow``.
+* **One backend for portable tests.** The conformance and property suites
+  (classes of :mod:`keras_longattn.testing`: efficient paths against the
+  dense reference on the same weights, causality by perturbation, padding,
+  decoding against the forward pass, serialisation, mixed precision) run on
+  every backend. So do the tests of ``tests/kernels`` and ``tests/parallel``
+  (backend-specific code), every test with a ``skipif`` marker (it runs where
+  its condition lets it), every test whose own source names a backend
+  (``keras.backend.backend()``, ``BACKEND``, ``ON_TF``…, ``import jax`` /
+  ``tensorflow`` / ``torch``, ``jax.`` / ``tf.``: it branches on one) and
+  every test marked ``@pytest.mark.every_backend``. The other tests of the
+  library's portable code (written once in ``keras.ops``, through the
+  same layers the suites check on every backend) run on
+  :data:`PORTABLE_BACKEND` only (torch, the fastest on a CPU; override:
+  ``KERAS_LONGATTN_PORTABLE_ON``), and on every backend under ``--run-slow``.
+  On JAX each extra test costs seconds of XLA compiling small programs: the
+  tier took the JAX unit tests from ~3300 s to ~1500 s on a 2-core CPU.
 * ``KERAS_LONGATTN_HOST_DEVICES=N`` splits JAX's CPU platform into N
   devices (for ``tests/parallel``).
 * Tests listed in a test class's ``known_failures`` are marked
   ``xfail(strict=True)``.
 """
 
+import inspect
 import os
+import re
 
 import pytest
 
 #: The backend whose unit tests run the ``backend_free`` tests.
 BACKEND_FREE_BACKEND = os.environ.get("KERAS_LONGATTN_BACKEND_FREE_ON", "torch")
+
+#: The backend that runs the portable tests outside the suites.
+PORTABLE_BACKEND = os.environ.get("KERAS_LONGATTN_PORTABLE_ON", "torch")
+
+#: Test folders (relative to the project root) whose every test runs on every
+#: backend: the code they test is backend-specific.
+EVERY_BACKEND_FOLDERS = ("tests/kernels", "tests/parallel")
+
+#: Test source that branches on, or imports, a backend.
+_NAMES_A_BACKEND = re.compile(
+    r"backend\(\)|\bBACKEND\b|\bON_(?:TF|TORCH|JAX)\b|\bimport (?:jax|tensorflow|torch)\b"
+    r"|\bfrom (?:jax|tensorflow|torch)\b|\b(?:jax|tf)\.\w"
+)
+
+_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # Simulated devices for the distributed tests (tests/parallel): JAX's CPU
 # platform splits into this many devices when the flag is set before JAX
@@ -69,6 +102,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backend_free: an outcome no backend changes, run on one backend only"
     )
+    config.addinivalue_line(
+        "markers", "every_backend: a portable test that runs on every backend all the same"
+    )
     try:
         from keras_longattn.testing import profiles
     except ImportError:  # hypothesis not installed: the property tests fail to import
@@ -99,8 +135,45 @@ def pytest_collection_modifyitems(config, items):
             for item in items:
                 if item.get_closest_marker("backend_free") is not None:
                     item.add_marker(skip_free)
+        if os.environ.get("KERAS_BACKEND", "tensorflow") != PORTABLE_BACKEND:
+            skip_portable = pytest.mark.skip(
+                reason=f"portable test outside the conformance and property suites: runs "
+                f"with KERAS_BACKEND={PORTABLE_BACKEND}, or with --run-slow"
+            )
+            for item in items:
+                if not runs_on_every_backend(item):
+                    item.add_marker(skip_portable)
     try:
         from keras_longattn.testing.profiles import apply_known_failures
     except ImportError:
         return
     apply_known_failures(items)
+
+
+def _suite_classes():
+    try:
+        from keras_longattn.testing.model_properties import CausalModelDecodingProperties
+        from keras_longattn.testing.decoding import DecodingProperties
+    except ImportError:
+        return ()
+    return (DecodingProperties, CausalModelDecodingProperties)
+
+
+def runs_on_every_backend(item):
+    """Whether ``item`` runs on every backend (see the module docstring)."""
+    path = os.path.relpath(str(item.fspath), _ROOT).replace(os.sep, "/")
+    if not path.startswith("tests/") or path.startswith(EVERY_BACKEND_FOLDERS):
+        return True
+    if item.get_closest_marker("every_backend") or item.get_closest_marker("skipif"):
+        return True
+    cls = getattr(item, "cls", None)
+    if cls is not None and issubclass(cls, _suite_classes()):
+        return True
+    function = getattr(item, "function", None)
+    if function is None:
+        return True
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return True
+    return _NAMES_A_BACKEND.search(source) is not None

@@ -22,7 +22,8 @@
 #              paper notebooks write their CI-size results to
 #              build/notebooks/<slug>.json. One execution per notebook: the
 #              paper notebooks are not run by papermill as well unless
-#              NOTEBOOKS=all
+#              NOTEBOOKS=all. NBVAL_SHARD=i/n: the i-th of n shares;
+#              NBVAL_SLUGS="a b": those notebooks only
 #   build      first prints the committed results of docs/results/ whose
 #              sources changed since they ran (keras-longattn reproduce
 #              --stale; never fails the stage), then mkdocs build --strict
@@ -78,6 +79,12 @@ stage_nbval() {
   local dir="$NBVAL_DIR" shard="${NBVAL_SHARD:-1/1}"
   local index=${shard%/*} count=${shard#*/}
   [ "$count" -gt 1 ] && dir="$NBVAL_DIR-$index"
+  # NBVAL_SLUGS="a b": exactly those notebooks, in build/nbval-<first slug>
+  # (scripts/test.sh gives each notebook its own job).
+  local only=" ${NBVAL_SLUGS:-} "
+  if [ -n "${NBVAL_SLUGS:-}" ]; then
+    dir="$NBVAL_DIR-${NBVAL_SLUGS%% *}" index=1 count=1
+  fi
   rm -rf "$dir" && mkdir -p "$dir"
   local ran=" ${NOTEBOOKS:-quickstart generation} " path slug position=0 selected=() seen=" "
   for slug in ${NBVAL_ORDER:-} $(cd notebooks && ls *.ipynb | sed 's/\.ipynb$//'); do
@@ -85,6 +92,7 @@ stage_nbval() {
     seen="$seen$slug "
     path="notebooks/$slug.ipynb"
     [ -f "$path" ] || continue
+    [ -n "${NBVAL_SLUGS:-}" ] && [[ "$only" != *" $slug "* ]] && continue
     if [ "$ran" = " all " ] || [[ "$ran" == *" $slug "* ]]; then
       echo "[nbval] $slug: executed by the notebooks stage"
       continue

@@ -101,66 +101,86 @@ with_extra=1
 backends=(${BACKENDS:-jax tensorflow torch})
 
 if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
-  # Two lanes on the two cores. The JAX unit tests are mostly XLA compiling
-  # small programs, one core's work: the other core runs the other
-  # backends' unit tests meanwhile (one pytest process per backend, never
-  # pytest-xdist). No unit test measures time. Lane 1: the first backend,
-  # then the LRA-style suite (trains, reports times, asserts none). Lane 2:
-  # the other backends, then the quickstart notebook. The paper notebooks,
-  # whose claims include same-run speed ratios, run afterwards, without the
-  # unit tests: in two processes at once (a notebook's ratios are between
-  # layers of its own run, which share the machine alike; NBVAL_ORDER deals
-  # the notebooks alternately to two shares of about equal time, the two
-  # slowest first: about 2 and 1.5 min at CI size),
-  # then the docs.
-  # The first backend's unit tests take longest (JAX compiles): with no
-  # pytest arguments, the files of LANE2_TESTS run for it in lane 2, after
-  # the other backends, in a second pytest process (sharing the compilation
-  # cache), so that the lanes end together.
-  lane1_args=("$@")
-  lane2_split=()
+  # TEST_LANES workers (default 2, one per core) take jobs from one queue,
+  # longest first, until it is empty; then the docs build and the browser
+  # check run. A job is one pytest process (a backend's unit tests, a part of
+  # them, or one notebook under nbval) or one extra stage, never pytest-xdist,
+  # so a worker never waits for the other at a barrier. No unit test
+  # measures time. The paper notebooks, whose claims include same-run speed
+  # ratios, may run beside another job: a notebook's ratios are between
+  # layers of its own run, which share the machine alike.
+  # The first backend's unit tests (JAX: mostly XLA compiling small
+  # programs) take longest: with no pytest arguments the files of
+  # LANE2_TESTS run in a job of their own (sharing the compilation cache),
+  # and tests/parallel too (JAX split into 8 simulated devices, set before
+  # JAX starts).
+  first=${backends[0]}
+  first_args=("$@")
+  split=()
   if [ $# -eq 0 ]; then
-    for path in ${LANE2_TESTS-tests/layers/test_properties.py tests/kernels/test_pallas_tpu.py tests/test_device_check.py tests/notebooks/test_planted_real_routing.py tests/layers/test_adaptive_span_attention.py tests/hub/test_longify.py}; do
+    for path in ${LANE2_TESTS-tests/layers/test_properties.py tests/kernels/test_pallas_tpu.py tests/test_device_check.py tests/notebooks/test_planted_real_routing.py tests/notebooks/test_planted_real_longify.py tests/hub/test_longify.py}; do
       [ -e "$path" ] || continue
-      lane1_args+=("--ignore=$path")
-      lane2_split+=("$path")
+      first_args+=("--ignore=$path")
+      split+=("$path")
     done
   fi
-  # The distributed tests (tests/parallel) need JAX split into 8 simulated
-  # devices, set before JAX starts: their own pytest process, in lane 2.
   parallel_tests=()
-  if [ $# -eq 0 ] && [ "${backends[0]}" = jax ] && [ -d tests/parallel ]; then
-    lane1_args+=("--ignore=tests/parallel")
+  if [ $# -eq 0 ] && [ "$first" = jax ] && [ -d tests/parallel ]; then
+    first_args+=("--ignore=tests/parallel")
     parallel_tests=(tests/parallel)
   fi
-  echo "[stage] unit tests in two lanes: ${backends[0]} | ${backends[*]:1}${lane2_split:+ + ${backends[0]} on ${lane2_split[*]}}"
-  (
-    unit_tests "${backends[0]}" "${lane1_args[@]}"
-    [ $with_extra -eq 1 ] && extra lra lra
-  ) &
-  lane1=$!
-  (
-    for backend in "${backends[@]:1}"; do unit_tests "$backend" "$@"; done
-    if [ ${#lane2_split[@]} -gt 0 ]; then
-      UNIT_LABEL="${backends[0]}-lane2" unit_tests "${backends[0]}" "${lane2_split[@]}"
-    fi
-    if [ ${#parallel_tests[@]} -gt 0 ]; then
-      KERAS_LONGATTN_HOST_DEVICES=8 UNIT_LABEL="${backends[0]}-parallel" \
-        unit_tests "${backends[0]}" "${parallel_tests[@]}"
-    fi
-    [ $with_extra -eq 1 ] && extra notebooks notebooks
-  ) &
-  lane2=$!
-  wait $lane1 $lane2
+  jobs=(first)
+  for backend in "${backends[@]:1}"; do jobs+=("unit $backend"); done
+  [ ${#split[@]} -gt 0 ] && jobs+=(split)
+  [ ${#parallel_tests[@]} -gt 0 ] && jobs+=(parallel)
   if [ $with_extra -eq 1 ]; then
-    export NBVAL_ORDER="${NBVAL_ORDER:-sparse_transformer routing_transformer adamra linformer longify longformer synthesizer sandwich_transformer entmax mpnet adaptive_span}"
-    NBVAL_SHARD=1/2 extra nbval-1 nbval &
-    shard1=$!
-    NBVAL_SHARD=2/2 extra nbval-2 nbval &
-    shard2=$!
-    wait $shard1 $shard2
-    extra docs build browser
+    jobs+=(notebooks lra)
+    # The notebooks' CI sizes take about 5, 5, 3, 3, 2... minutes: longest
+    # first (the notebooks stage runs those of NOTEBOOKS instead).
+    for slug in ${NBVAL_ORDER:-sparse_transformer routing_transformer adamra linformer longify longformer synthesizer sandwich_transformer entmax mpnet adaptive_span}; do
+      [ -f "notebooks/$slug.ipynb" ] && [[ " ${NOTEBOOKS:-quickstart generation} " != *" $slug "* ]] && jobs+=("nbval $slug")
+    done
+    for path in notebooks/*.ipynb; do
+      slug=$(basename "$path" .ipynb)
+      [[ " ${jobs[*]} " == *" nbval $slug "* ]] && continue
+      [[ " ${NOTEBOOKS:-quickstart generation} " == *" $slug "* ]] && continue
+      jobs+=("nbval $slug")
+    done
   fi
+  # run_job JOB [PYTEST ARGS]: the arguments go to the other backends' unit tests.
+  run_job() {
+    case "$1" in
+      first) unit_tests "$first" "${first_args[@]}" ;;
+      "unit "*) unit_tests "${1#unit }" "${@:2}" ;;
+      split) UNIT_LABEL="$first-lane2" unit_tests "$first" "${split[@]}" ;;
+      parallel) KERAS_LONGATTN_HOST_DEVICES=8 UNIT_LABEL="$first-parallel" \
+                  unit_tests "$first" "${parallel_tests[@]}" ;;
+      notebooks) extra notebooks notebooks ;;
+      lra) extra lra lra ;;
+      "nbval "*) NBVAL_SLUGS="${1#nbval }" extra "nbval-${1#nbval }" nbval ;;
+    esac
+  }
+  echo "[stage] ${#jobs[@]} jobs on ${TEST_LANES:-2} workers: ${jobs[*]}"
+  echo 0 >"$LOGS/.next"
+  worker() {
+    local w=$1 index job s
+    shift
+    while :; do
+      index=$( ( flock 8; i=$(cat "$LOGS/.next"); echo $(( i + 1 )) >"$LOGS/.next"; echo "$i" ) 8>"$LOGS/.queue.lock" )
+      [ "$index" -lt ${#jobs[@]} ] || return 0
+      job=${jobs[$index]}
+      s=$(date +%s)
+      run_job "$job" "$@"
+      echo "worker $w: $job $(( $(date +%s) - s ))s" >>"$LOGS/schedule"
+    done
+  }
+  pids=()
+  for w in $(seq 1 "${TEST_LANES:-2}"); do
+    worker "$w" "$@" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  [ $with_extra -eq 1 ] && extra docs build browser
 else
   for backend in "${backends[@]}"; do
     if [ $# -eq 0 ] && [ "$backend" = jax ] && [ -d tests/parallel ]; then
@@ -177,5 +197,6 @@ status=0
 [ -f "$LOGS/failed" ] && status=1
 echo "[stage] summary (logs in build/test-logs/)"
 sed 's/^/  /' "$LOGS/summary"
+[ -f "$LOGS/schedule" ] && sed 's/^/  /' "$LOGS/schedule"
 echo "  total: $(( $(date +%s) - t0 ))s"
 exit $status

@@ -91,6 +91,7 @@ CASES = (
 )
 
 
+@pytest.mark.every_backend
 @pytest.mark.parametrize("kind,schedule,rotary", CASES,
                          ids=[f"{k}-{s}-{'rotary' if r else 'plain'}" for k, s, r in CASES])
 def test_decoding_gives_the_full_forward_pass(kind, schedule, rotary):

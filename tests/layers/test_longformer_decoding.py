@@ -63,6 +63,7 @@ CASES = [
 ]
 
 
+@pytest.mark.every_backend
 @pytest.mark.parametrize("config,schedule", CASES,
                          ids=[f"{'-'.join(map(str, c.items())) or 'default'}-{s}"
                               for c, s in CASES])

@@ -123,6 +123,7 @@ SCHEDULES = {
 }
 
 
+@pytest.mark.every_backend
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("positions", ["learned", "rotary"])
 @pytest.mark.parametrize("attention", ["local", "full", "linear"])
