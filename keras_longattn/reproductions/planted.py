@@ -285,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         metavar="PATH",
                         help=f"write the results JSON (default path: docs/results/{RESULTS_NAME}.json)")
     args = parser.parse_args(argv)
+    if args.write:
+        # The layers and models the variants and the real arms build: the
+        # results file's behaviour record (provenance.write_results).
+        from keras_longattn.reproductions import recording
+
+        recording.start()
     import keras
 
     start = time.perf_counter()

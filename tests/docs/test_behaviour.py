@@ -56,6 +56,19 @@ def test_fingerprint_repeats_and_sees_config_weights_and_arguments():
     assert behaviour.compare(first, behaviour.fingerprint(broken))
 
 
+def test_a_class_a_paper_module_registers_in_a_factory_is_rebuilt(tmp_path):
+    # Linformer's recording arm: Keras knows its name only once the module's
+    # class factory has run, which a fresh fingerprint process must do itself.
+    from keras_longattn.reproductions import linformer
+
+    recording = linformer._recording_class()(num_heads=2, key_dim=8)
+    subject = _subject(recording)
+    assert subject["layer"]["module"] == "keras_longattn.reproductions.linformer"
+    prints = provenance.fingerprint_subjects([subject], keras.backend.backend(), cache=False)
+    (fingerprint,) = prints.values()
+    assert "error" not in fingerprint, fingerprint
+
+
 def test_compare_tolerates_rounding_only():
     fingerprint = behaviour.fingerprint(_subject(LocalAttention(num_heads=2, key_dim=8, window=4)))
     nudged = json.loads(json.dumps(fingerprint))
