@@ -33,8 +33,7 @@
   same layers the suites check on every backend) run on
   :data:`PORTABLE_BACKEND` only (torch, the fastest on a CPU; override:
   ``KERAS_LONGATTN_PORTABLE_ON``), and on every backend under ``--run-slow``.
-  On JAX each extra test costs seconds of XLA compiling small programs: the
-  tier took the JAX unit tests from ~3300 s to ~1500 s on a 2-core CPU.
+  On JAX each extra test costs seconds of XLA compiling small programs.
 * ``KERAS_LONGATTN_HOST_DEVICES=N`` splits JAX's CPU platform into N
   devices (for ``tests/parallel``).
 * Tests listed in a test class's ``known_failures`` are marked
