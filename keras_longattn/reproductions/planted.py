@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import functools
 import importlib
+import json
 import re
 import sys
 import time
@@ -44,9 +45,11 @@ __all__ = [
     "PlantedSet",
     "PlantedVariant",
     "VariantCheck",
+    "asserted_claims",
     "check",
     "claim_family",
     "planted_sets",
+    "recorded_run",
     "results_table",
     "run_all",
 ]
@@ -237,6 +240,57 @@ def check(planted: PlantedSet, variant: str) -> VariantCheck:
     return VariantCheck(planted.slug, variant, spec.bug, claims, seconds)
 
 
+def asserted_claims(planted: PlantedSet) -> list[str]:
+    """The names of the claims the real layers' run asserts (at the planted
+    size), sorted."""
+    return sorted(claim.name for claim in _real_claims(planted) if claim.asserted)
+
+
+def recorded_run(path: str | Path | None = None, root: str | Path | None = None) -> dict | None:
+    """The committed planted run (``docs/results/planted_bugs.json``) when it
+    describes today's code: every file it recorded (the planted harness, the
+    paper modules, the library code they ran) has the recorded bytes, and it
+    holds every variant of :func:`planted_sets` with the same bug and
+    targeted claims, and each set's asserted claims. ``None`` otherwise (the
+    variants must be trained again).
+
+    Returns ``{"checks": {(slug, variant): VariantCheck}, "asserted": {slug:
+    [claim names]}, "commit": ...}``; a check's ``caught`` is derived again
+    from the recorded verdicts. ``root``: the checkout the recorded paths
+    are relative to (default: the one holding ``path``)."""
+    from keras_longattn.provenance import file_sha256
+
+    path = Path(path) if path is not None else _default_output()
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        provenance = record["provenance"]
+        files = provenance["source_files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    root = Path(root) if root is not None else path.resolve().parents[2]
+    for relative, digest in files.items():
+        current = root / relative
+        if not current.is_file() or file_sha256(current) != digest:
+            return None
+    asserted = record.get("asserted")
+    if not isinstance(asserted, dict):
+        return None
+    checks = {}
+    for entry in record.get("variants") or ():
+        checks[(entry["slug"], entry["variant"])] = VariantCheck(
+            entry["slug"], entry["variant"], entry["bug"], tuple(entry["claims"]),
+            float(entry.get("seconds") or 0))
+    for planted in planted_sets():
+        if planted.slug not in asserted:
+            return None
+        for variant in planted.variants:
+            item = checks.get((planted.slug, variant.name))
+            if item is None or item.bug != variant.bug or \
+                    [c["name"] for c in item.claims] != list(variant.claims):
+                return None
+    return {"checks": checks, "asserted": asserted, "commit": provenance.get("commit")}
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -304,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "notebook": RESULTS_NAME,
             "backend": keras.backend.backend(),
             "variants": [item.as_dict() for item in checks],
+            "asserted": {planted.slug: asserted_claims(planted)
+                         for planted in planted_sets(args.slugs)},
             "caught": sum(item.caught for item in checks),
             "total": len(checks),
             "table": table,

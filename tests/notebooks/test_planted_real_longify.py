@@ -12,6 +12,7 @@ import keras
 pytest.importorskip("keras_hub")
 
 from keras_longattn.reproductions import planted as pl  # noqa: E402
+from tests.notebooks import planted_record  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
                                 reason="the planted variants train on JAX only")
@@ -21,11 +22,11 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
 
 @pytest.mark.parametrize("variant", [v.name for v in LONGIFY.variants])
 def test_planted_variant_is_caught(variant):
-    item = pl.check(LONGIFY, variant)
-    assert item.caught, f"longify/{variant}: " + "; ".join(item.problems())
+    item = planted_record.check(LONGIFY, variant)
+    assert item.caught, f"longify/{variant}: " + "; ".join(item.problems()) + f" ({planted_record.source()})"
 
 
 def test_every_asserted_claim_is_targeted_by_a_variant():
-    asserted = {c.name for c in LONGIFY.run(None) if c.asserted}
+    asserted = planted_record.asserted(LONGIFY)
     targeted = {name for v in LONGIFY.variants for name in v.claims}
     assert asserted <= targeted, sorted(asserted - targeted)

@@ -6,6 +6,7 @@ import pytest
 import keras
 
 from keras_longattn.reproductions import planted as pl
+from tests.notebooks import planted_record
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
                                 reason="the planted variants train on JAX only")
@@ -15,11 +16,11 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
 
 @pytest.mark.parametrize("variant", [v.name for v in ROUTING.variants])
 def test_planted_variant_is_caught(variant):
-    item = pl.check(ROUTING, variant)
-    assert item.caught, f"routing_transformer/{variant}: " + "; ".join(item.problems())
+    item = planted_record.check(ROUTING, variant)
+    assert item.caught, f"routing_transformer/{variant}: " + "; ".join(item.problems()) + f" ({planted_record.source()})"
 
 
 def test_every_asserted_claim_is_targeted_by_a_variant():
-    asserted = {c.name for c in ROUTING.run(None) if c.asserted}
+    asserted = planted_record.asserted(ROUTING)
     targeted = {name for v in ROUTING.variants for name in v.claims}
     assert asserted <= targeted, sorted(asserted - targeted)

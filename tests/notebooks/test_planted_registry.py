@@ -153,3 +153,48 @@ def test_committed_planted_run_against_the_registry():
         f"{sorted(lacking - AWAITING_RERUN)}; listed but not lacking (in the run, or not "
         f"registered): {sorted(AWAITING_RERUN - lacking)}")
     assert committed["caught"] == committed["total"] == len(ran)
+
+
+def _record_in(tmp_path):
+    """The committed planted run, its recorded files replaced by one file of
+    tmp_path (so that the test does not depend on today's sources)."""
+    from keras_longattn.provenance import file_sha256
+
+    record = json.loads((Path(pl.__file__).resolve().parents[2] / "docs" / "results"
+                         / "planted_bugs.json").read_text())
+    (tmp_path / "module.py").write_text("x = 1\n")
+    record["provenance"]["source_files"] = {"module.py": file_sha256(tmp_path / "module.py")}
+    record["asserted"] = {s.slug: sorted({c for v in s.variants for c in v.claims})
+                          for s in pl.planted_sets()}
+    return record
+
+
+def _read(tmp_path, record):
+    path = tmp_path / "planted_bugs.json"
+    path.write_text(json.dumps(record))
+    return pl.recorded_run(path, root=tmp_path)
+
+
+def test_a_recorded_run_is_read_only_while_it_describes_the_code(tmp_path):
+    record = _record_in(tmp_path)
+    read = _read(tmp_path, record)
+    assert read is not None
+    assert {key for key in read["checks"]} >= {(s.slug, v.name) for s in pl.planted_sets()
+                                                for v in s.variants}
+    # caught comes from the recorded verdicts, not from the stored flag
+    entry = record["variants"][0]
+    key = (entry["slug"], entry["variant"])
+    assert read["checks"][key].caught
+    entry["claims"][0]["real"]["verdict"] = "not reproduced"
+    assert not _read(tmp_path, record)["checks"][key].caught
+    # a recorded file that changed, a variant missing, a set's asserted
+    # claims missing: the variants must be trained again
+    changed = _record_in(tmp_path)
+    (tmp_path / "module.py").write_text("x = 2\n")
+    assert _read(tmp_path, changed) is None
+    shorter = _record_in(tmp_path)
+    shorter["variants"] = shorter["variants"][1:]
+    assert _read(tmp_path, shorter) is None
+    no_asserted = _record_in(tmp_path)
+    del no_asserted["asserted"]
+    assert _read(tmp_path, no_asserted) is None
