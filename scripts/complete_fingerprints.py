@@ -8,8 +8,8 @@ could not be rebuilt by the fingerprint process before
 whole result is checked by bytes. For each results file named on the command
 line, with backend ``B`` in its provenance, this script
 
-1. refuses unless every file the run recorded has the recorded bytes now,
-   those that only record, show or judge a run aside
+1. refuses unless every file the run recorded (and its notebook) has the
+   recorded bytes now, those that only record, show or judge a run aside
    (``provenance.PRESENTATION``): the package is the one that ran, so the
    fingerprints computed now are those the run would have computed;
 2. computes the fingerprints of the subjects that hold an ``error`` on ``B``
@@ -45,12 +45,10 @@ def complete(path: Path) -> int:
     if not isinstance(behaviour, dict) or not behaviour.get("subjects"):
         print(f"{path}: no behaviour record to complete", file=sys.stderr)
         return 1
-    recorded = prov.get("source_files") or {}
-    # the files that record, show or judge a run count for nothing (PRESENTATION)
-    changed = [relative for relative, digest in recorded.items()
-               if provenance.is_harness(relative, path.stem, recorded) is not None
-               and (not (ROOT / relative).is_file()
-                    or floor.file_sha256(ROOT / relative) != digest)]
+    # the recorded files (and the notebook) that changed, those that only
+    # record, show or judge a run (PRESENTATION) aside
+    harness, library = provenance._split_changes(prov, ROOT, path.stem)
+    changed = harness + library
     if changed:
         print(f"{path}: {len(changed)} recorded files differ from the run's "
               f"({', '.join(sorted(changed)[:5])}...): fingerprints taken now would not be "

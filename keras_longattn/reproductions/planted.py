@@ -248,9 +248,9 @@ def asserted_claims(planted: PlantedSet) -> list[str]:
 
 def recorded_run(path: str | Path | None = None, root: str | Path | None = None) -> dict | None:
     """The committed planted run (``docs/results/planted_bugs.json``) when it
-    describes today's code: every file it recorded (the planted harness, the
-    paper modules, the library code they ran) has the recorded bytes, and it
-    holds every variant of :func:`planted_sets` with the same bug and
+    describes today's code: ``keras-longattn reproduce --stale`` finds it
+    current (``provenance.check_results``, with cached fingerprints only),
+    and it holds every variant of :func:`planted_sets` with the same bug and
     targeted claims, and each set's asserted claims. ``None`` otherwise (the
     variants must be trained again).
 
@@ -258,20 +258,16 @@ def recorded_run(path: str | Path | None = None, root: str | Path | None = None)
     [claim names]}, "commit": ...}``; a check's ``caught`` is derived again
     from the recorded verdicts. ``root``: the checkout the recorded paths
     are relative to (default: the one holding ``path``)."""
-    from keras_longattn.provenance import file_sha256
+    from keras_longattn.reproductions.provenance import check_results
 
     path = Path(path) if path is not None else _default_output()
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        provenance = record["provenance"]
-        files = provenance["source_files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
     root = Path(root) if root is not None else path.resolve().parents[2]
-    for relative, digest in files.items():
-        current = root / relative
-        if not current.is_file() or file_sha256(current) != digest:
+    try:
+        if check_results(path, root, compute=False).stale:
             return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
     asserted = record.get("asserted")
     if not isinstance(asserted, dict):
         return None
@@ -288,7 +284,7 @@ def recorded_run(path: str | Path | None = None, root: str | Path | None = None)
             if item is None or item.bug != variant.bug or \
                     [c["name"] for c in item.claims] != list(variant.claims):
                 return None
-    return {"checks": checks, "asserted": asserted, "commit": provenance.get("commit")}
+    return {"checks": checks, "asserted": asserted, "commit": record["provenance"].get("commit")}
 
 
 def _cell(text: str) -> str:
