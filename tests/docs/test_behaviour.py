@@ -69,6 +69,21 @@ def test_a_class_a_paper_module_registers_in_a_factory_is_rebuilt(tmp_path):
     assert "error" not in fingerprint, fingerprint
 
 
+def test_a_planted_class_a_paper_module_does_not_register_is_rebuilt():
+    # Planted variants are top-level classes of a paper module that never
+    # register with Keras: the fingerprint finds them by module and name.
+    from keras_longattn.reproductions import sparse_transformer
+
+    layer = sparse_transformer.CausalLeakSparseAttention(num_heads=2, key_dim=8, block_length=4)
+    subject = _subject(layer, length=16)
+    assert subject["layer"]["module"] == "keras_longattn.reproductions.sparse_transformer"
+    with pytest.raises(TypeError, match="Could not locate class"):
+        keras.saving.deserialize_keras_object(json.loads(json.dumps(subject["layer"])))
+    fingerprint = behaviour.fingerprint(subject)
+    assert "error" not in fingerprint, fingerprint
+    assert fingerprint["implementations"][0].startswith("CausalLeakSparseAttention:")
+
+
 def test_compare_tolerates_rounding_only():
     fingerprint = behaviour.fingerprint(_subject(LocalAttention(num_heads=2, key_dim=8, window=4)))
     nudged = json.loads(json.dumps(fingerprint))
