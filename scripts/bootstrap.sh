@@ -15,10 +15,10 @@ fi
 STAMP="$VENV/.keras-longattn-installed"
 HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-hub.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
-  echo "[setup] installing keras-longattn[jax,tensorflow,torch,notebooks,docs,dev] (constraints.txt pins torch)"
+  echo "[setup] installing keras-longattn[jax,tensorflow,torch,notebooks,docs,export,dev] (constraints.txt pins torch)"
   start=$(date +%s)
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -c "$ROOT/constraints.txt" -e "$ROOT[jax,tensorflow,torch,notebooks,docs,dev]" \
+    -c "$ROOT/constraints.txt" -e "$ROOT[jax,tensorflow,torch,notebooks,docs,export,dev]" \
     2> >(grep -v "^WARNING: Location" >&2)
   # keras-hub (the decode benchmark's peer) without its dependencies:
   # tensorflow-text would pull the full tensorflow (see requirements-hub.txt).
