@@ -34,6 +34,11 @@
   :data:`PORTABLE_BACKEND` only (torch, the fastest on a CPU; override:
   ``KERAS_LONGATTN_PORTABLE_ON``), and on every backend under ``--run-slow``.
   On JAX each extra test costs seconds of XLA compiling small programs.
+* On TensorFlow the property suite's ``test_prop_dynamic_length[eager]``
+  (``model.fit`` in a ``tf.function`` without XLA) of a layer that
+  supports XLA runs under ``--run-slow`` only: Keras compiles with XLA
+  there by default (``jit_compile="auto"``), which ``[jit]`` runs; JAX skips ``[eager]`` and
+  torch ``[jit]`` the same way (:mod:`keras_longattn.testing.properties`).
 * ``KERAS_LONGATTN_HOST_DEVICES=N`` splits JAX's CPU platform into N
   devices (for ``tests/parallel``).
 * Tests listed in a test class's ``known_failures`` are marked
@@ -134,6 +139,15 @@ def pytest_collection_modifyitems(config, items):
             for item in items:
                 if item.get_closest_marker("backend_free") is not None:
                     item.add_marker(skip_free)
+        if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+            skip_graph = pytest.mark.skip(
+                reason="tf.function without XLA: Keras' default on TensorFlow is XLA "
+                "([jit]); runs with --run-slow"
+            )
+            for item in items:
+                if item.name == "test_prop_dynamic_length[eager]" and \
+                        getattr(item.cls, "supports_jit", False):
+                    item.add_marker(skip_graph)
         if os.environ.get("KERAS_BACKEND", "tensorflow") != PORTABLE_BACKEND:
             skip_portable = pytest.mark.skip(
                 reason=f"portable test outside the conformance and property suites: runs "

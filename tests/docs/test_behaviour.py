@@ -56,6 +56,7 @@ def test_fingerprint_repeats_and_sees_config_weights_and_arguments():
     assert behaviour.compare(first, behaviour.fingerprint(broken))
 
 
+@pytest.mark.backend_free  # registration, not numerics: one backend's fingerprint
 def test_a_class_a_paper_module_registers_in_a_factory_is_rebuilt(tmp_path):
     # Linformer's recording arm: Keras knows its name only once the module's
     # class factory has run, which a fresh fingerprint process must do itself.

@@ -282,6 +282,23 @@ def test_subprocess_run_streams_progress(capsys):
     assert "[1/1] pathfinder local" in err and "step 2/2 loss" in err
 
 
+@trains
+def test_the_command_trains_and_writes_its_reports(tmp_path, capsys):
+    # The command end to end (argument parsing, a fresh subprocess per
+    # (layer, task), the JSON and CSV reports and the table).
+    code = cli.main(["lra", "--size", "tiny", "--layers", "full", "--tasks", "image",
+                     "--seeds", "1", "--backend", BACKEND, "--output", str(tmp_path),
+                     "--quiet"])
+    assert code == 0
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert [(row["task"], row["status"], row["backend"]) for row in report["rows"]] == [
+        ("image", "ok", BACKEND)]
+    csv_lines = (tmp_path / "latest.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("layer,task,seed,backend") and len(csv_lines) == 2
+    assert csv_lines[1].startswith(f"full,image,0,{BACKEND},")
+    assert "| full |" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_real_labels_beat_chance_shuffled_labels_do_not():
     # The easiest task: digits at 8x8. A planted broken run (labels
