@@ -109,43 +109,30 @@ def _register_factories(module) -> None:
             value()
 
 
-def _import_modules(config) -> None:
+def _import_modules(config, classes=None) -> dict[str, Any]:
     """Imports every module a serialized object names (its classes register
     themselves with Keras when imported, or when a class factory of the
-    module runs: :func:`_register_factories`)."""
+    module runs: :func:`_register_factories`), and returns ``{class name:
+    class}`` of the package's classes it names by module and class name
+    (for a class defined at a paper module's top level that never registers
+    itself with Keras: a planted variant)."""
     import importlib
 
-    if isinstance(config, dict):
-        module = config.get("module")
-        if isinstance(module, str) and module.split(".")[0] == "keras_longattn":
-            _register_factories(importlib.import_module(module))
-        for value in config.values():
-            _import_modules(value)
-    elif isinstance(config, list):
-        for value in config:
-            _import_modules(value)
-
-
-def _module_classes(config, found=None) -> dict[str, Any]:
-    """``{class name: class}`` of every class of the package that ``config``
-    names by module and class name (a class defined at a paper module's top
-    level without registering itself with Keras: a planted variant)."""
-    import importlib
-
-    found = {} if found is None else found
+    classes = {} if classes is None else classes
     if isinstance(config, dict):
         module, name = config.get("module"), config.get("class_name")
-        if isinstance(module, str) and module.split(".")[0] == "keras_longattn" \
-                and isinstance(name, str) and name not in found:
-            value = getattr(importlib.import_module(module), name, None)
+        if isinstance(module, str) and module.split(".")[0] == "keras_longattn":
+            imported = importlib.import_module(module)
+            _register_factories(imported)
+            value = getattr(imported, name, None) if isinstance(name, str) else None
             if isinstance(value, type):
-                found[name] = value
+                classes.setdefault(name, value)
         for value in config.values():
-            _module_classes(value, found)
+            _import_modules(value, classes)
     elif isinstance(config, list):
         for value in config:
-            _module_classes(value, found)
-    return found
+            _import_modules(value, classes)
+    return classes
 
 
 def _summary(array, np) -> dict[str, Any]:
@@ -249,8 +236,7 @@ def fingerprint(subject: Mapping[str, Any], seed: int = SEED) -> dict[str, Any]:
     try:
         keras.utils.set_random_seed(seed)
         subject = json.loads(json.dumps(subject))  # deserializing may edit the config
-        _import_modules(subject["layer"])
-        with keras.saving.custom_object_scope(_module_classes(subject["layer"])):
+        with keras.saving.custom_object_scope(_import_modules(subject["layer"])):
             layer = keras.saving.deserialize_keras_object(subject["layer"])
         arguments, floats = _inputs(subject, np)
         build = dict(arguments)

@@ -195,7 +195,7 @@ def test_cli_lists_tasks(capsys):
 
 #: Training the five tasks is Keras model code that the model tests cover on
 #: every backend; here it runs on torch (the fastest on a CPU) and on every
-#: backend with --run-slow. The CI's lra stage trains every task on jax.
+#: backend with --run-slow.
 trains = pytest.mark.grid
 
 

@@ -137,7 +137,8 @@ def test_what_does_not_export_is_listed_with_its_reason(name, tmp_path, request)
 def test_a_causal_language_model_exports_with_the_same_logits(tmp_path):
     keras.utils.set_random_seed(0)
     attention = L.LocalAttention(num_heads=2, key_dim=16, window=8,
-                                 implementation="blocked" if BACKEND == "torch" else "auto")
+                                 implementation=TORCH_PORTABLE["LocalAttention"] if BACKEND == "torch"
+                                 else "auto")
     model = build_causal_language_model(vocab_size=64, sequence_length=T, dim=32,
                                         num_layers=2, num_heads=2, attention=attention)
     tokens = np.random.RandomState(1).randint(0, 64, size=(BATCH, T)).astype("int32")
