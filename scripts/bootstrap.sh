@@ -17,13 +17,17 @@ HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-h
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[setup] installing keras-longattn[jax,tensorflow,torch,notebooks,docs,export,dev] (constraints.txt pins torch)"
   start=$(date +%s)
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+  # --no-compile: no byte-compiling of every installed module (torch,
+  # tensorflow and jax hold tens of thousands; about half the install time
+  # on a 2-core machine); Python compiles and caches the modules a process
+  # imports, the first time it imports them.
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
     -c "$ROOT/constraints.txt" -e "$ROOT[jax,tensorflow,torch,notebooks,docs,export,dev]" \
     2> >(grep -v "^WARNING: Location" >&2)
   # keras-hub (the decode benchmark's peer) without its dependencies:
   # tensorflow-text would pull the full tensorflow (see requirements-hub.txt).
   echo "[setup] installing keras-hub --no-deps (requirements-hub.txt)"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile --no-deps \
     -r "$ROOT/requirements-hub.txt" 2> >(grep -v "^WARNING: Location" >&2)
   echo "$HASH" > "$STAMP"
   echo "[setup] installed in $(( $(date +%s) - start ))s"

@@ -36,6 +36,8 @@
 #   browser    serve site/ on 127.0.0.1 and look at pages in headless
 #              Chromium (tests/docs/test_site_browser.py); installs Debian's
 #              chromium package with apt-get when it is missing
+#   chromium   that installation alone (not in the default STAGES;
+#              scripts/test.sh runs it in the background at the start)
 # Environment: NOTEBOOK_BACKEND (default: each notebook's own, jax),
 # NOTEBOOKS (notebooks stage: slugs or "all"; default: "quickstart generation"),
 # STAGES (default: all, in order).
@@ -153,6 +155,13 @@ ensure_chromium() {
   command -v chromium >/dev/null 2>&1 || { echo "[browser] FAILED: chromium still missing after apt-get"; return 1; }
 }
 
+stage_chromium() {
+  # Only the browser stage's set-up: scripts/test.sh runs it in the
+  # background while the tests run (apt-get waits on the network and the
+  # disk, not on the cores).
+  ensure_chromium
+}
+
 stage_browser() {
   ensure_chromium || return 1
   [ -f site/index.html ] || { echo "[browser] no site/index.html (run the build stage first)"; return 1; }
@@ -183,7 +192,7 @@ stage_browser() {
 mkdir -p build
 for name in $STAGES; do
   if ! declare -F "stage_$name" >/dev/null; then
-    echo "[extra] unknown stage '$name' (stages: notebooks lra nbval build browser)"
+    echo "[extra] unknown stage '$name' (stages: notebooks lra nbval build browser chromium)"
     exit 2
   fi
   start=$(date +%s)

@@ -102,10 +102,25 @@ with_extra=1
 [ -x scripts/extra_stages.sh ] && [ -z "${SKIP_EXTRA_STAGES:-}" ] || with_extra=0
 backends=(${BACKENDS:-jax tensorflow torch})
 
+# The browser stage's Chromium, when the machine lacks it, is installed by
+# apt-get in the background while the tests run (network and disk, not the
+# cores); the docs job waits for it.
+chromium_pid=
+if [ $with_extra -eq 1 ]; then
+  STAGES=chromium bash scripts/extra_stages.sh >"$LOGS/extra-chromium.log" 2>&1 &
+  chromium_pid=$!
+fi
+# docs: the build and browser stages, once Chromium is installed (or its
+# installation failed: the browser stage then says why).
+docs_job() {
+  [ -n "$chromium_pid" ] && wait "$chromium_pid" 2>/dev/null
+  extra docs build browser
+}
+
 if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   # TEST_LANES workers (default 2, one per core) take jobs from one queue,
-  # longest first, until it is empty; then the docs build and the browser
-  # check run. A job is one pytest process (a backend's unit tests, a part of
+  # longest first, until it is empty, the docs build and the browser check
+  # last of them. A job is one pytest process (a backend's unit tests, a part of
   # them, or one notebook under nbval) or one extra stage, never pytest-xdist,
   # so a worker never waits for the other at a barrier. No unit test
   # measures time. The paper notebooks, whose claims include same-run speed
@@ -137,6 +152,8 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   [ ${#parallel_tests[@]} -gt 0 ] && jobs+=(parallel)
   if [ $with_extra -eq 1 ]; then
     # (the lra stage is not a job: tests/lra runs the command end to end)
+    # The docs job comes last in the queue: the notebooks job (whose
+    # notebooks' pages show this run) is long done when a worker takes it.
     jobs+=(notebooks)
     # The notebooks' CI sizes take about 5, 5, 3, 3, 2... minutes: longest
     # first (the notebooks stage runs those of NOTEBOOKS instead).
@@ -149,6 +166,7 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
       [[ " ${NOTEBOOKS:-quickstart generation} " == *" $slug "* ]] && continue
       jobs+=("nbval $slug")
     done
+    jobs+=(docs)
   fi
   # run_job JOB [PYTEST ARGS]: the arguments go to the other backends' unit tests.
   run_job() {
@@ -158,7 +176,8 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
       split) UNIT_LABEL="$first-lane2" unit_tests "$first" "${split[@]}" ;;
       parallel) KERAS_LONGATTN_HOST_DEVICES=8 UNIT_LABEL="$first-parallel" \
                   unit_tests "$first" "${parallel_tests[@]}" ;;
-      notebooks) extra notebooks notebooks ;;
+      notebooks) extra notebooks notebooks; local rc=$?; touch "$LOGS/.notebooks-done"; return $rc ;;
+      docs) while [ ! -e "$LOGS/.notebooks-done" ]; do sleep 2; done; docs_job ;;
       lra) extra lra lra ;;
       "nbval "*) NBVAL_SLUGS="${1#nbval }" extra "nbval-${1#nbval }" nbval ;;
     esac
@@ -183,7 +202,6 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
     pids+=($!)
   done
   wait "${pids[@]}"
-  [ $with_extra -eq 1 ] && extra docs build browser
 else
   for backend in "${backends[@]}"; do
     if [ $# -eq 0 ] && [ "$backend" = jax ] && [ -d tests/parallel ]; then
@@ -193,7 +211,10 @@ else
       unit_tests "$backend" "$@"
     fi
   done
-  [ $with_extra -eq 1 ] && extra all notebooks nbval build browser
+  if [ $with_extra -eq 1 ]; then
+    extra all notebooks nbval
+    docs_job
+  fi
 fi
 
 status=0
