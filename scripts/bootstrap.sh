@@ -33,6 +33,14 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[setup] installed in $(( $(date +%s) - start ))s"
 fi
 export PATH="$VENV/bin:$PATH"
+# The install does not byte-compile (above): Python compiles a module the
+# first time a process imports it and keeps the .pyc, unless
+# PYTHONDONTWRITEBYTECODE is set, which would make every process (each
+# test's subprocess, each notebook kernel) compile torch, tensorflow and
+# jax from source again. The .pyc files go into one folder of the virtual
+# environment (PYTHONPYCACHEPREFIX), none into the checkout.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$VENV/pycache}"
 export PYTHONHASHSEED=0
 # Quieter logs from the backends.
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -44,6 +44,14 @@ file and hash. Such a result then depends on
 A result without a behaviour record (or whose fingerprints could not all be
 computed when it ran) is checked by bytes alone, as before.
 
+**Bytes that are not code.** A recorded Python file whose bytes changed
+counts as unchanged when only its comments, docstrings, blank lines or
+layout did (:func:`code_sha256`, its syntax tree without docstrings): the
+recorded version is read from git at the record's commit, and it must
+have the recorded sha256 (otherwise, or without that history, the file
+counts as changed). So a result checked by bytes (a benchmark's timings)
+stays current when the code it ran is rewrapped or documented.
+
 Only the standard library is imported, and of the package only
 :mod:`keras_longattn.provenance` (which imports nothing else of it): the
 docs build uses this module without importing Keras.
@@ -51,6 +59,7 @@ docs build uses this module without importing Keras.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import json
@@ -79,6 +88,7 @@ __all__ = [
     "Staleness",
     "check_directory",
     "check_results",
+    "code_sha256",
     "collect",
     "fingerprint_subjects",
     "is_harness",
@@ -504,11 +514,47 @@ def _usable_behaviour(record: Mapping[str, Any]) -> dict[str, Any] | None:
     return behaviour
 
 
+def code_sha256(source: bytes | str) -> str | None:
+    """A hash of what a Python file runs: its syntax tree (``ast.dump``,
+    without positions) with the docstrings of the module, its classes and
+    functions left out. Comments, docstrings, blank lines and layout count
+    for nothing; any other edit changes it. ``None`` when it does not
+    parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def _same_code(root: Path, commit: str | None, relative: str, digest: str) -> bool:
+    """Whether the Python file ``relative``, whose bytes differ from the
+    recorded ``digest``, runs the same code as the version recorded: that
+    version read from git at ``commit`` (it must have ``digest``) and the
+    file now have the same :func:`code_sha256`."""
+    if not commit or not relative.endswith(".py"):
+        return False
+    old = git_bytes(root, "show", f"{commit}:{relative}")
+    if old is None or hashlib.sha256(old).hexdigest() != digest:
+        return False
+    before = code_sha256(old)
+    return before is not None and before == code_sha256((root / relative).read_bytes())
+
+
 def _changed_files(record: Mapping[str, Any], root: Path) -> list[str]:
     changed = []
+    commit = record.get("commit")
     for relative, digest in record["source_files"].items():
         current = root / relative
-        if not current.is_file() or file_sha256(current) != digest:
+        if not current.is_file():
+            changed.append(relative)
+        elif file_sha256(current) != digest and not _same_code(root, commit, relative, digest):
             changed.append(relative)
     notebook = record.get("notebook")
     if isinstance(notebook, dict) and notebook.get("path"):

@@ -235,6 +235,49 @@ def test_stale_since_names_the_first_commit_that_changed_a_recorded_file(tmp_pat
     assert dirty["dirty"] is True and dirty["dirty_sources"] == ["keras_longattn/a.py"]
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_comments_and_docstrings_do_not_stale_a_result_checked_by_bytes(tmp_path):
+    root = tmp_path / "repo"
+    code = ('"""A module."""\n\n\ndef f(x):\n    """Doubles."""\n    return 2 * x  # fast\n\n\n'
+            'class C:\n    """Holds."""\n\n    def g(self):\n        """Only a docstring."""\n')
+    modules = _package(root, {"__init__.py": "", "a.py": code})
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "c0")
+    record = provenance.collect(modules, root=root)
+    results = _results(tmp_path / "results", "demo", record)
+    source = root / "keras_longattn" / "a.py"
+
+    documented = ('"""A module, documented again\nover two lines."""\n\n\ndef f(x):\n'
+                  '    # a comment where there was a docstring\n    return 2 * x\n\n\n'
+                  'class C:\n    def g(self):\n        pass\n')
+    source.write_text(documented)
+    assert provenance.code_sha256(documented) == provenance.code_sha256(code)
+    check = provenance.check_results(results, root=root)
+    assert not check.stale, check.describe()
+    # committed too: the recorded version still comes from the run's commit
+    _git(root, "commit", "-q", "-am", "c1: docstrings")
+    assert not provenance.check_results(results, root=root).stale
+
+    for edit in (code.replace("2 * x", "3 * x"), code.replace("def g(self)", "def h(self)"),
+                 code.replace('"""Doubles."""', '"""Doubles."""\n    x = x + 0')):
+        source.write_text(edit)
+        check = provenance.check_results(results, root=root)
+        assert check.stale and check.changed == ("keras_longattn/a.py",), edit
+
+    # The recorded version must be the one at the commit: a run on a dirty
+    # tree (recorded bytes that no commit holds) is checked by bytes alone.
+    source.write_text(code)
+    dirty = dict(record, source_files=dict(record["source_files"],
+                                           **{"keras_longattn/a.py": "0" * 64}))
+    dirty_results = _results(tmp_path / "results", "dirty", dirty)
+    assert provenance.check_results(dirty_results, root=root).stale
+    # ... and so is a record whose commit this clone lacks.
+    source.write_text(documented)
+    gone = _results(tmp_path / "results", "gone", dict(record, commit="f" * 40))
+    assert provenance.check_results(gone, root=root).stale
+
+
 # ---------------------------------------------------------------------------
 # The docs page
 # ---------------------------------------------------------------------------

@@ -38,8 +38,15 @@ SPARSE = {
     "class_name": "SparseAttention",
     "config": {"pattern": "strided", "block_length": 4},
 }
+#: Causal Routing (2 of its heads local) and Longformer, whose later
+#: chunks decode token by token inside the layer.
+ROUTING = {"class_name": "RoutingAttention",
+           "config": {"num_clusters": 2, "window": 4, "local_heads": 1, "seed": 2}}
+LONGFORMER = {"class_name": "LongformerAttention", "config": {"window": 4}}
 ATTENTION = {
     "local": LOCAL,
+    "routing": ROUTING,
+    "longformer": LONGFORMER,
     "full": FULL,
     "linear": LINEAR,
     "performer": PERFORMER,
@@ -224,6 +231,82 @@ def test_greedy_generate_with_a_recurrent_state(prompt_length):
     prompt = tokens(length=prompt_length, seed=4)
     out = model.generate(prompt, max_length=12)
     np.testing.assert_array_equal(out["token_ids"], greedy_reference(model, prompt, 12))
+
+
+# ------------------------------------------------------- chunked prefill
+@pytest.mark.parametrize("attention", ["local+full", "local+linear", "sparse",
+                                       "routing", "longformer"])
+def test_prefill_in_chunks_equals_one_call(attention):
+    """The chunks' logits and caches are those of one call of the whole
+    prompt: the steps after either prefill give the full forward logits."""
+    model = make_model(attention, "rotary")
+    seq = tokens(seed=7)
+    expected = full_logits(model, seq)
+    prompt_length = 13
+    for chunk_size in (None, 1, 3, 5, 13, 50):
+        caches = model.init_caches(B, N)
+        logits, hidden, caches = model.prefill(seq[:, :prompt_length], caches,
+                                               chunk_size=chunk_size)
+        assert tuple(hidden.shape) == (B, prompt_length, DIM)
+        np.testing.assert_allclose(to_np(logits), expected[:, :prompt_length],
+                                   rtol=0, atol=TOL, err_msg=f"chunk_size={chunk_size}")
+        steps = []
+        for index in range(prompt_length, N):
+            step, _, caches = model.call_with_cache(seq[:, index:index + 1], caches, index)
+            steps.append(to_np(step))
+        np.testing.assert_allclose(np.concatenate(steps, axis=1), expected[:, prompt_length:],
+                                   rtol=0, atol=TOL, err_msg=f"chunk_size={chunk_size}")
+
+
+def test_prefill_continues_at_the_index_it_is_given():
+    model = make_model("local+full", "learned")
+    seq = tokens(seed=8)
+    caches = model.init_caches(B, N)
+    first, _, caches = model.call_with_cache(seq[:, :4], caches, 0)
+    rest, _, _ = model.prefill(seq[:, 4:15], caches, cache_update_index=4, chunk_size=4)
+    np.testing.assert_allclose(to_np(rest), full_logits(model, seq)[:, 4:15], rtol=0, atol=TOL)
+
+
+@pytest.mark.every_backend
+@pytest.mark.parametrize("attention", ["local+full", "local+linear"])
+def test_generate_with_a_prefill_chunk_size_gives_the_same_tokens(attention):
+    """Compiled per backend (the chunk size is static): every chunk size
+    generates the tokens of the uncached greedy loop."""
+    model = make_model(attention, "rotary")
+    prompt = tokens(length=11, seed=6)
+    expected = greedy_reference(model, prompt, N)
+    for chunk_size in (None, 1, 4, 16):
+        out = model.generate(prompt, max_length=N, prefill_chunk_size=chunk_size)
+        np.testing.assert_array_equal(out["token_ids"], expected, err_msg=f"{chunk_size}")
+
+
+def test_generate_prefills_in_calls_of_the_chunk_size(monkeypatch):
+    model = make_model("local+full")
+    model.compile(run_eagerly=True)
+    lengths = []
+    decode = model._decode
+
+    def spy(token_ids, cache, cache_update_index):
+        # (a traced index inside the sampler's loop on JAX: None)
+        index = cache_update_index if isinstance(cache_update_index, int) else None
+        lengths.append((index, int(token_ids.shape[1])))
+        return decode(token_ids, cache, cache_update_index)
+
+    monkeypatch.setattr(model, "_decode", spy)
+    prompt = tokens(length=11, seed=6)
+    model.generate(prompt, max_length=14, prefill_chunk_size=4)
+    # 10 prompt tokens in chunks of 4, 4 and 2; then one token per step.
+    assert lengths[:3] == [(0, 4), (4, 4), (8, 2)]
+    assert lengths[3:] and all(size == 1 for _, size in lengths[3:])
+
+
+@pytest.mark.parametrize("chunk_size", [0, -2, 2.5, True, "4"])
+def test_prefill_refuses_a_bad_chunk_size(model, chunk_size):
+    with pytest.raises(ValueError, match=f"`prefill_chunk_size`.*Received: "
+                                         f"prefill_chunk_size={chunk_size!r}"):
+        model.generate(tokens(length=3), 8, prefill_chunk_size=chunk_size)
+    with pytest.raises(ValueError, match=f"`chunk_size`.*Received: chunk_size={chunk_size!r}"):
+        model.prefill(tokens(length=3), model.init_caches(B, N), chunk_size=chunk_size)
 
 
 def test_generate_eagerly_when_the_model_runs_eagerly():
