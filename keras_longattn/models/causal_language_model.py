@@ -1,5 +1,7 @@
 """A byte/character-level causal language model, and its generation."""
 
+import numbers
+
 import keras
 import numpy as np
 from keras import ops
@@ -13,6 +15,19 @@ from keras_longattn.models.reversible_embedding import ReversibleEmbedding
 from keras_longattn.models.transformer_block import TransformerBlock
 
 _CACHED = (AttentionSublayer, TransformerBlock)
+
+
+def _check_chunk_size(chunk_size):
+    """``chunk_size`` as None or a Python int >= 1, or a ValueError naming it."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) \
+            or chunk_size < 1:
+        raise ValueError(
+            "`chunk_size` must be None (the whole prompt in one call) or a positive "
+            f"integer (tokens per call). Received: chunk_size={chunk_size!r}"
+        )
+    return int(chunk_size)
 
 
 class _FunctionCache:
@@ -44,9 +59,8 @@ class CausalLanguageModel(keras.Model):
       given size (one call per chunk, the same logits and caches as one
       call of the whole prompt); with :meth:`call_with_cache` for the
       steps after it, prefill and decoding are callable apart;
-    * :meth:`generate` prefills the prompt (in one call, or in chunks of
-      ``prefill_chunk_size`` tokens), then samples one token per step with
-      a keras-hub sampler.
+    * :meth:`generate` prefills the prompt in one call, then samples one
+      token per step with a keras-hub sampler.
 
     Decoding needs an attention layer with a cache in every attention
     sublayer (:meth:`decode_refusals` lists the others, with the layer's
@@ -244,22 +258,24 @@ class CausalLanguageModel(keras.Model):
                 ``token_ids`` that are not ``(B, T)`` with a known ``T``, and
                 whatever :meth:`call_with_cache` refuses.
         """
-        chunk_size = generation.check_chunk_size(chunk_size, "chunk_size")
+        chunk_size = _check_chunk_size(chunk_size)
         shape = tuple(getattr(token_ids, "shape", ()))
         if len(shape) != 2 or shape[1] is None:
             raise ValueError(
                 "`token_ids` must be a (batch, length) array with a known length "
                 f"to be split into chunks. Received: shape {shape}"
             )
+        length = int(shape[1])
+        if chunk_size is None or length <= chunk_size:
+            return self.call_with_cache(token_ids, cache, cache_update_index)
         logits, hidden_states = [], []
-        for start, size in generation.chunk_bounds(int(shape[1]), chunk_size):
+        for start in range(0, length, chunk_size):
+            size = min(chunk_size, length - start)
             chunk_logits, chunk_hidden, cache = self.call_with_cache(
                 token_ids[:, start:start + size], cache, cache_update_index + start
             )
             logits.append(chunk_logits)
             hidden_states.append(chunk_hidden)
-        if len(logits) == 1:
-            return logits[0], hidden_states[0], cache
         return ops.concatenate(logits, axis=1), ops.concatenate(hidden_states, axis=1), cache
 
     def _decode(self, token_ids, cache, cache_update_index):
@@ -302,20 +318,19 @@ class CausalLanguageModel(keras.Model):
         sampler="greedy",
         stop_token_ids=None,
         padding_mask=None,
-        prefill_chunk_size=None,
     ):
         """Generates tokens after a prompt with a keras-hub sampler.
 
-        The prompt is prefilled through the caches (all its tokens but the
-        last of the shortest prompt) in one call, or in calls of
-        ``prefill_chunk_size`` tokens, then each step feeds one token and
-        the sampler picks the next, up to ``max_length`` tokens in all. The whole loop is one compiled function: ``jax.jit``
+        The prompt is prefilled through the caches in one call (all its
+        tokens but the last of the shortest prompt), then each step feeds
+        one token and the sampler picks the next, up to ``max_length``
+        tokens in all. The whole loop is one compiled function: ``jax.jit``
         on JAX, ``tf.function(jit_compile=True)`` on TensorFlow (without
         XLA if the model was compiled with ``jit_compile=False``), eager
         under ``torch.no_grad()`` on torch; eager everywhere when the model
         is compiled with ``run_eagerly=True``. It
-        is compiled once per sampler, batch shape, ``max_length``, shortest
-        prompt length and ``prefill_chunk_size``, and reused.
+        is compiled once per sampler, batch shape, ``max_length`` and
+        shortest prompt length, and reused.
 
         Prompts of different lengths: right-pad them and pass
         ``padding_mask`` (True on each prompt's tokens, a prefix of its
@@ -337,10 +352,6 @@ class CausalLanguageModel(keras.Model):
                 that end a sequence; generation stops when every row has
                 produced one.
             padding_mask: optional bool ``(B, P)``, True on prompt tokens.
-            prefill_chunk_size: None (the prompt in one call) or the most
-                prompt tokens per prefill call: a long prompt then needs the
-                activations of one chunk at a time. The tokens generated are
-                the same.
 
         Returns:
             A dict of NumPy arrays: ``"token_ids"`` int32 ``(B, max_length)``
@@ -356,8 +367,7 @@ class CausalLanguageModel(keras.Model):
                 the sublayer and why), a bad ``max_length``, a prompt of
                 ``max_length`` tokens or more, a padding mask that is not a
                 prefix per row, token ids outside the vocabulary, an unknown
-                sampler, a ``prefill_chunk_size`` that is not None or a
-                positive int.
+                sampler.
         """
         self._check_decodable()
         max_length = self._check_max_length(max_length)
@@ -366,10 +376,8 @@ class CausalLanguageModel(keras.Model):
             prompt_tokens, padding_mask, max_length, vocab_size
         )
         stop_token_ids = generation.check_stop_token_ids(stop_token_ids, vocab_size)
-        prefill_chunk_size = generation.check_chunk_size(prefill_chunk_size)
         function = self._generate_function(sampler)
-        token_ids, mask = function(token_ids, mask, stop_token_ids, min_length - 1,
-                                   prefill_chunk_size)
+        token_ids, mask = function(token_ids, mask, stop_token_ids, min_length - 1)
         return {
             "token_ids": np.asarray(ops.convert_to_numpy(token_ids)).astype("int32"),
             "padding_mask": np.asarray(ops.convert_to_numpy(mask)).astype(bool),

@@ -2,7 +2,7 @@
 
 :class:`~keras_longattn.models.causal_language_model.CausalLanguageModel`
 uses these helpers for its ``generate()``: the prompt is prefilled through
-the attention caches in one call or in chunks, then each step feeds one token at
+the attention caches in one call, then each step feeds one token at
 ``cache_update_index`` and a keras-hub sampler picks the next one, in one
 compiled function (``jax.jit`` on JAX, ``tf.function(jit_compile=True)`` on
 TensorFlow, eager under ``torch.no_grad()`` on torch), as keras-hub's
@@ -105,30 +105,6 @@ def check_max_length(max_length):
             f"token). Received: max_length={max_length}"
         )
     return int(max_length)
-
-
-def check_chunk_size(chunk_size, name="prefill_chunk_size"):
-    """``chunk_size`` as None or a Python int >= 1, or a ValueError naming
-    the argument ``name``."""
-    if chunk_size is None:
-        return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) \
-            or chunk_size < 1:
-        raise ValueError(
-            f"`{name}` must be None (the whole prompt in one call) or a positive "
-            f"integer (tokens per prefill call). Received: {name}={chunk_size!r}"
-        )
-    return int(chunk_size)
-
-
-def chunk_bounds(length, chunk_size):
-    """``[(start, size)]`` of consecutive chunks of at most ``chunk_size``
-    tokens covering ``length`` tokens (one chunk when ``chunk_size`` is
-    None)."""
-    if length <= 0:
-        return []
-    size = length if chunk_size is None else min(chunk_size, length)
-    return [(start, min(size, length - start)) for start in range(0, length, size)]
 
 
 def normalize_prompt(prompt_tokens, padding_mask, max_length, vocab_size):
@@ -366,16 +342,13 @@ def check_stop_token_ids(stop_token_ids, vocab_size):
     return tuple(int(i) for i in ids)
 
 
-def generate_step(model, sampler, token_ids, mask, stop_token_ids, prefill_length,
-                  prefill_chunk_size=None):
+def generate_step(model, sampler, token_ids, mask, stop_token_ids, prefill_length):
     """The compilable generation of one batch.
 
     ``token_ids`` int32 ``(B, max_length)`` and ``mask`` bool (True on
     prompt tokens), as :func:`normalize_prompt` lays them out. The first
     ``prefill_length`` tokens (every prompt's tokens but the last of the
-    shortest) fill the caches, in one call, or in calls of
-    ``prefill_chunk_size`` tokens (:func:`chunk_bounds`; the last one may be
-    shorter), one after the other; then each step feeds the token
+    shortest) fill the caches in one call; then each step feeds the token
     at ``index - 1`` and the sampler writes position ``index`` (keeping
     prompt tokens where ``mask`` is True). Returns ``(token_ids, mask)``
     with ``mask`` True on the prompt and the generated tokens up to and
@@ -387,8 +360,8 @@ def generate_step(model, sampler, token_ids, mask, stop_token_ids, prefill_lengt
     and the sampler writes ids of the vocabulary."""
     batch_size, max_length = token_ids.shape[0], token_ids.shape[1]
     caches = model.init_caches(batch_size, max_length)
-    for start, size in chunk_bounds(prefill_length, prefill_chunk_size):
-        _, _, caches = model._decode(token_ids[:, start:start + size], caches, start)
+    if prefill_length > 0:
+        _, _, caches = model._decode(token_ids[:, :prefill_length], caches, 0)
 
     def next(prompt, cache, index):
         cache_update_index = index - 1
@@ -428,10 +401,8 @@ def use_xla(model):
 
 
 def make_generate_function(model, sampler):
-    """``fn(token_ids, mask, stop_token_ids, prefill_length,
-    prefill_chunk_size=None)`` -> ``(token_ids, mask)``: :func:`generate_step`
-    compiled for the backend (the last three arguments are static: one
-    program per value)
+    """``fn(token_ids, mask, stop_token_ids, prefill_length)`` ->
+    ``(token_ids, mask)``: :func:`generate_step` compiled for the backend
     as keras-hub's ``CausalLM.make_generate_function`` does (``jax.jit``
     with the variables passed as state and the sampler's seed state
     written back; ``tf.function``, with XLA unless the model was compiled
@@ -442,45 +413,39 @@ def make_generate_function(model, sampler):
     if backend == "torch":
         import torch
 
-        def torch_function(token_ids, mask, stop_token_ids, prefill_length,
-                           prefill_chunk_size=None):
+        def torch_function(token_ids, mask, stop_token_ids, prefill_length):
             with torch.no_grad():
                 return step(
                     ops.convert_to_tensor(token_ids),
                     ops.convert_to_tensor(mask),
                     stop_token_ids,
                     prefill_length,
-                    prefill_chunk_size,
                 )
 
         return torch_function
     if model.run_eagerly or backend not in ("jax", "tensorflow"):
-        return lambda t, m, s, p, c=None: step(
-            ops.convert_to_tensor(t), ops.convert_to_tensor(m), s, p, c
+        return lambda t, m, s, p: step(
+            ops.convert_to_tensor(t), ops.convert_to_tensor(m), s, p
         )
     if backend == "tensorflow":
         import tensorflow as tf
 
         tf_compiled = tf.function(step, jit_compile=use_xla(model))
 
-        def tf_function(token_ids, mask, stop_token_ids, prefill_length,
-                        prefill_chunk_size=None):
+        def tf_function(token_ids, mask, stop_token_ids, prefill_length):
             return tf_compiled(
                 tf.convert_to_tensor(token_ids),
                 tf.convert_to_tensor(mask),
                 stop_token_ids,
                 prefill_length,
-                prefill_chunk_size,
             )
 
         return tf_function
 
     import jax
 
-    @partial(jax.jit, static_argnames=["stop_token_ids", "prefill_length",
-                                       "prefill_chunk_size"])
-    def compiled(token_ids, mask, state, stop_token_ids, prefill_length,
-                 prefill_chunk_size):
+    @partial(jax.jit, static_argnames=["stop_token_ids", "prefill_length"])
+    def compiled(token_ids, mask, state, stop_token_ids, prefill_length):
         sampler_values, trainable_values, non_trainable_values = state
         mapping = itertools.chain(
             zip(sampler.variables, sampler_values),
@@ -488,16 +453,14 @@ def make_generate_function(model, sampler):
             zip(model.non_trainable_variables, non_trainable_values),
         )
         with keras.StatelessScope(state_mapping=mapping) as scope:
-            outputs = step(token_ids, mask, stop_token_ids, prefill_length,
-                           prefill_chunk_size)
+            outputs = step(token_ids, mask, stop_token_ids, prefill_length)
         new_sampler_values = []
         for variable, old in zip(sampler.variables, sampler_values):
             value = scope.get_current_value(variable)
             new_sampler_values.append(old if value is None else value)
         return outputs, new_sampler_values
 
-    def jax_function(token_ids, mask, stop_token_ids, prefill_length,
-                     prefill_chunk_size=None):
+    def jax_function(token_ids, mask, stop_token_ids, prefill_length):
         state = (
             [v.value for v in sampler.variables],
             [v.value for v in model.trainable_variables],
@@ -509,7 +472,6 @@ def make_generate_function(model, sampler):
             state,
             stop_token_ids=stop_token_ids,
             prefill_length=prefill_length,
-            prefill_chunk_size=prefill_chunk_size,
         )
         # Only the sampler's seed state changes during generation.
         for variable, value in zip(sampler.variables, sampler_values):

@@ -267,44 +267,8 @@ def test_prefill_continues_at_the_index_it_is_given():
     np.testing.assert_allclose(to_np(rest), full_logits(model, seq)[:, 4:15], rtol=0, atol=TOL)
 
 
-@pytest.mark.every_backend
-@pytest.mark.parametrize("attention", ["local+full", "local+linear"])
-def test_generate_with_a_prefill_chunk_size_gives_the_same_tokens(attention):
-    """Compiled per backend (the chunk size is static): every chunk size
-    generates the tokens of the uncached greedy loop."""
-    model = make_model(attention, "rotary")
-    prompt = tokens(length=11, seed=6)
-    expected = greedy_reference(model, prompt, N)
-    for chunk_size in (None, 1, 4, 16):
-        out = model.generate(prompt, max_length=N, prefill_chunk_size=chunk_size)
-        np.testing.assert_array_equal(out["token_ids"], expected, err_msg=f"{chunk_size}")
-
-
-def test_generate_prefills_in_calls_of_the_chunk_size(monkeypatch):
-    model = make_model("local+full")
-    model.compile(run_eagerly=True)
-    lengths = []
-    decode = model._decode
-
-    def spy(token_ids, cache, cache_update_index):
-        # (a traced index inside the sampler's loop on JAX: None)
-        index = cache_update_index if isinstance(cache_update_index, int) else None
-        lengths.append((index, int(token_ids.shape[1])))
-        return decode(token_ids, cache, cache_update_index)
-
-    monkeypatch.setattr(model, "_decode", spy)
-    prompt = tokens(length=11, seed=6)
-    model.generate(prompt, max_length=14, prefill_chunk_size=4)
-    # 10 prompt tokens in chunks of 4, 4 and 2; then one token per step.
-    assert lengths[:3] == [(0, 4), (4, 4), (8, 2)]
-    assert lengths[3:] and all(size == 1 for _, size in lengths[3:])
-
-
 @pytest.mark.parametrize("chunk_size", [0, -2, 2.5, True, "4"])
 def test_prefill_refuses_a_bad_chunk_size(model, chunk_size):
-    with pytest.raises(ValueError, match=f"`prefill_chunk_size`.*Received: "
-                                         f"prefill_chunk_size={chunk_size!r}"):
-        model.generate(tokens(length=3), 8, prefill_chunk_size=chunk_size)
     with pytest.raises(ValueError, match=f"`chunk_size`.*Received: chunk_size={chunk_size!r}"):
         model.prefill(tokens(length=3), model.init_caches(B, N), chunk_size=chunk_size)
 
