@@ -105,15 +105,16 @@ backends=(${BACKENDS:-jax tensorflow torch})
 # The browser stage's Chromium, when the machine lacks it, is installed by
 # apt-get in the background while the tests run (network and disk, not the
 # cores); the docs job waits for it.
-chromium_pid=
+# (A marker file, not `wait`: the docs job runs in a worker's subshell,
+# of which the installation is not a child.)
 if [ $with_extra -eq 1 ]; then
-  STAGES=chromium bash scripts/extra_stages.sh >"$LOGS/extra-chromium.log" 2>&1 &
-  chromium_pid=$!
+  ( STAGES=chromium bash scripts/extra_stages.sh >"$LOGS/extra-chromium.log" 2>&1
+    touch "$LOGS/.chromium-done" ) &
 fi
 # docs: the build and browser stages, once Chromium is installed (or its
 # installation failed: the browser stage then says why).
 docs_job() {
-  [ -n "$chromium_pid" ] && wait "$chromium_pid" 2>/dev/null
+  while [ ! -e "$LOGS/.chromium-done" ]; do sleep 2; done
   extra docs build browser
 }
 
@@ -152,8 +153,6 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
   [ ${#parallel_tests[@]} -gt 0 ] && jobs+=(parallel)
   if [ $with_extra -eq 1 ]; then
     # (the lra stage is not a job: tests/lra runs the command end to end)
-    # The docs job comes last in the queue: the notebooks job (whose
-    # notebooks' pages show this run) is long done when a worker takes it.
     jobs+=(notebooks)
     # The notebooks' CI sizes take about 5, 5, 3, 3, 2... minutes: longest
     # first (the notebooks stage runs those of NOTEBOOKS instead).
@@ -166,6 +165,8 @@ if [ "${TEST_LANES:-2}" -ge 2 ] && [ ${#backends[@]} -ge 2 ]; then
       [[ " ${NOTEBOOKS:-quickstart generation} " == *" $slug "* ]] && continue
       jobs+=("nbval $slug")
     done
+    # The docs job comes last in the queue: the notebooks job (whose
+    # notebooks' pages show this run) is long done when a worker takes it.
     jobs+=(docs)
   fi
   # run_job JOB [PYTEST ARGS]: the arguments go to the other backends' unit tests.

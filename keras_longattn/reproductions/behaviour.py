@@ -265,12 +265,6 @@ def fingerprints(subjects: Iterable[Mapping[str, Any]], seed: int = SEED) -> dic
     return {subject_key(subject): fingerprint(subject, seed) for subject in subjects}
 
 
-def _close(a, b) -> bool:
-    if a is None or b is None:
-        return a is b
-    return abs(a - b) <= RTOL * max(abs(a), abs(b)) + ATOL
-
-
 def compare(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """How ``current`` differs from ``recorded`` (one fingerprint each); an
     empty list when they agree."""
