@@ -1,10 +1,11 @@
 """A byte/character-level causal language model, and its generation."""
 
+import numbers
+
 import keras
 import numpy as np
 from keras import ops
 
-from keras_longattn._validation import positive_int
 from keras_longattn.models import _builder_common as common
 from keras_longattn.models import generation
 from keras_longattn.models.attention_sublayer import AttentionSublayer
@@ -14,6 +15,19 @@ from keras_longattn.models.reversible_embedding import ReversibleEmbedding
 from keras_longattn.models.transformer_block import TransformerBlock
 
 _CACHED = (AttentionSublayer, TransformerBlock)
+
+
+def _check_chunk_size(chunk_size):
+    """``chunk_size`` as None or a Python int >= 1, or a ValueError naming it."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) \
+            or chunk_size < 1:
+        raise ValueError(
+            "`chunk_size` must be None (the whole prompt in one call) or a positive "
+            f"integer (tokens per call). Received: chunk_size={chunk_size!r}"
+        )
+    return int(chunk_size)
 
 
 class _FunctionCache:
@@ -244,7 +258,7 @@ class CausalLanguageModel(keras.Model):
                 ``token_ids`` that are not ``(B, T)`` with a known ``T``, and
                 whatever :meth:`call_with_cache` refuses.
         """
-        chunk_size = positive_int("chunk_size", chunk_size, allow_none=True)
+        chunk_size = _check_chunk_size(chunk_size)
         shape = tuple(getattr(token_ids, "shape", ()))
         if len(shape) != 2 or shape[1] is None:
             raise ValueError(
